@@ -1,0 +1,306 @@
+"""Code2Wav: RVQ codes [B, Q, T] -> waveform [B, 1, T*hop].
+
+Module names and parameter names follow the checkpoint (keys under `decoder.`), so
+`load_state_dict` is strict against the real file. One forward serves offline and streaming:
+`step(codes, state) -> (wav, new_state)`; offline decoding is one step from `initial_state()`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import DecoderConfig
+from .validate import InputError, check_codes
+from .layers import (
+    CausalConv1d, CausalConvTranspose1d, LayerScale, RMSNorm, SnakeBeta, State, StatefulLeaf,
+    apply_rope, attention, rope_cos_sin, sliding_window_mask,
+)
+
+POSITION = "pos"  # state name of the stream's frame position, int64 [1]
+
+
+CodesError = InputError  # codes given to the decoder are not int64 [1, Q, T] within [0, codebook_size)
+
+
+# ---------------------------------------------------------------- split RVQ
+class Codebook(nn.Module):
+    def __init__(self, size: int, dim: int):
+        super().__init__()
+        self.cluster_usage = nn.Parameter(torch.ones(size))
+        self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
+
+    def embedding(self) -> Tensor:
+        """[size, dim]: the EMA codebook, usage clamped away from zero."""
+        return self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
+
+
+class _VQ(nn.Module):
+    def __init__(self, size: int, dim: int):
+        super().__init__()
+        self._codebook = Codebook(size, dim)
+
+
+class _VQStack(nn.Module):
+    def __init__(self, n: int, size: int, dim: int):
+        super().__init__()
+        self.layers = nn.ModuleList(_VQ(size, dim) for _ in range(n))
+
+
+class ResidualVQ(nn.Module):
+    """`n` codebooks of width codebook_dim//2 and a 1x1 projection out to codebook_dim.
+    `input_proj` is the encoder side: kept so the checkpoint loads strictly, unused here."""
+
+    def __init__(self, n: int, size: int, codebook_dim: int):
+        super().__init__()
+        dim = codebook_dim // 2
+        self.input_proj = nn.Conv1d(codebook_dim, dim, 1, bias=False)
+        self.output_proj = nn.Conv1d(dim, codebook_dim, 1, bias=False)
+        self.vq = _VQStack(n, size, dim)
+
+    def forward(self, codes: Tensor) -> Tensor:
+        """codes [B, n, T] -> [B, codebook_dim, T]."""
+        summed = sum(F.embedding(codes[:, i], vq._codebook.embedding()) for i, vq in enumerate(self.vq.layers))
+        return self.output_proj(summed.transpose(1, 2))
+
+
+class SplitRVQ(nn.Module):
+    """1 semantic codebook + (Q-1) acoustic codebooks, projected separately and summed."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.rvq_first = ResidualVQ(1, cfg.codebook_size, cfg.codebook_dim)
+        self.rvq_rest = ResidualVQ(cfg.num_quantizers - 1, cfg.codebook_size, cfg.codebook_dim)
+
+    def forward(self, codes: Tensor) -> Tensor:
+        """codes [B, Q, T] -> [B, codebook_dim, T]."""
+        return self.rvq_first(codes[:, :1]) + self.rvq_rest(codes[:, 1:])
+
+
+# ---------------------------------------------------------------- transformer
+class Attention(StatefulLeaf):
+    """Sliding-window causal self-attention with RoPE. State `<name>.k` / `<name>.v`:
+    [B, Hkv, W-1, D], the rotated keys and values of the W-1 frames before this chunk."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        h, kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=bias)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=bias)
+        self.heads, self.kv_heads, self.head_dim = h, kv, d
+        self.window, self.cache = cfg.sliding_window, cfg.kv_cache_frames
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        shape = (self.kv_heads, self.cache, self.head_dim)
+        return {f"{self.state_name}.k": shape, f"{self.state_name}.v": shape}
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, q_pos: Tensor, k_pos: Tensor,
+                state: State) -> tuple[Tensor, dict[str, Tensor]]:
+        """x [B, T, hidden]; cos/sin [T, D]; q_pos [T]; k_pos [W-1+T] -> [B, T, hidden]."""
+        b, t, _ = x.shape
+        q = apply_rope(self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2), cos, sin)
+        k = apply_rope(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        kn, vn = f"{self.state_name}.k", f"{self.state_name}.v"
+        keys = torch.cat([state[kn], k], dim=2)
+        values = torch.cat([state[vn], v], dim=2)
+        out = attention(q, keys, values, sliding_window_mask(q_pos, k_pos, self.window), self.head_dim ** -0.5)
+        out = self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        start = keys.shape[2] - self.cache
+        return out, {kn: keys[:, :, start:], vn: values[:, :, start:]}
+
+
+class MLP(nn.Module):
+    """SwiGLU."""
+
+    def __init__(self, hidden: int, inner: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+        self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, q_pos: Tensor, k_pos: Tensor,
+                state: State) -> tuple[Tensor, dict[str, Tensor]]:
+        a, new = self.self_attn(self.input_layernorm(x), cos, sin, q_pos, k_pos, state)
+        x = x + self.self_attn_layer_scale(a)
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x))), new
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
+        self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
+        self.head_dim, self.theta, self.cache = cfg.head_dim, float(cfg.rope_theta), cfg.kv_cache_frames
+
+    def forward(self, x: Tensor, pos: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
+        """x [B, T, latent], pos int64 [1] (the chunk's first frame) -> [B, T, latent]."""
+        t = x.shape[1]
+        q_pos = pos + torch.arange(t, dtype=torch.int64)
+        k_pos = torch.cat([pos - self.cache + torch.arange(self.cache, dtype=torch.int64), q_pos])
+        h = self.input_proj(x)
+        cos, sin = rope_cos_sin(q_pos, self.head_dim, self.theta, h.dtype)
+        new: dict[str, Tensor] = {}
+        for layer in self.layers:
+            h, s = layer(h, cos, sin, q_pos, k_pos, state)
+            new.update(s)
+        return self.output_proj(self.norm(h)), new
+
+
+# ---------------------------------------------------------------- conv stages
+class ConvNeXtBlock(nn.Module):
+    """Causal depthwise conv (k=7), LayerNorm, 4x MLP with GELU, gamma scale, residual. [B, C, T]."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, 7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
+
+    def forward(self, x: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
+        h, new = self.dwconv(x, state)
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h.transpose(1, 2)))))
+        return x + (self.gamma * h).transpose(1, 2), new
+
+
+class ResidualUnit(nn.Module):
+    """Snake, dilated causal conv k=7, snake, 1x1 conv, residual. [B, C, T]."""
+
+    def __init__(self, dim: int, dilation: int):
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv1d(dim, dim, 7, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv1d(dim, dim, 1)
+
+    def forward(self, x: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
+        h, new = self.conv1(self.act1(x), state)
+        h, _ = self.conv2(self.act2(h), state)
+        return x + h, new
+
+
+class DecoderBlock(nn.Module):
+    """Snake, causal transposed conv (kernel 2r, stride r) halving channels, 3 residual units
+    (dilations 1, 3, 9). [B, C, T] -> [B, C/2, T*r]. Checkpoint layout `block.0..4`."""
+
+    def __init__(self, cin: int, cout: int, rate: int):
+        super().__init__()
+        self.block = nn.ModuleList(
+            [SnakeBeta(cin), CausalConvTranspose1d(cin, cout, 2 * rate, rate)]
+            + [ResidualUnit(cout, d) for d in (1, 3, 9)]
+        )
+
+    def forward(self, x: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
+        x = self.block[0](x)
+        new: dict[str, Tensor] = {}
+        for layer in self.block[1:]:
+            x, s = layer(x, state)
+            new.update(s)
+        return x, new
+
+
+class _UpsampleStage(nn.ModuleList):
+    """Checkpoint layout `upsample.i.{0,1}`: transposed conv (kernel = stride), ConvNeXt block."""
+
+    def forward(self, x: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
+        x, a = self[0](x, state)
+        x, b = self[1](x, state)
+        return x, {**a, **b}
+
+
+# ---------------------------------------------------------------- the decoder
+class Code2Wav(nn.Module):
+    """RVQ codes int64 [B, Q, T] -> waveform [B, 1, T*hop] in [-1, 1]."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.config = cfg
+        self.quantizer = SplitRVQ(cfg)
+        self.pre_conv = CausalConv1d(cfg.codebook_dim, cfg.latent_dim, 3)
+        self.pre_transformer = Transformer(cfg)
+        self.upsample = nn.ModuleList(
+            _UpsampleStage([CausalConvTranspose1d(cfg.latent_dim, cfg.latent_dim, r, r), ConvNeXtBlock(cfg.latent_dim)])
+            for r in cfg.upsampling_ratios
+        )
+        dims = [cfg.decoder_dim // 2 ** i for i in range(len(cfg.upsample_rates) + 1)]
+        self.decoder = nn.ModuleList(
+            [CausalConv1d(cfg.latent_dim, cfg.decoder_dim, 7)]
+            + [DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(cfg.upsample_rates)]
+            + [SnakeBeta(dims[-1]), CausalConv1d(dims[-1], 1, 7)]
+        )
+        for name, module in self.named_modules():
+            if isinstance(module, StatefulLeaf):
+                module.state_name = name
+
+    # -------------------------------------------------------- state
+    def state_spec(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """Ordered (name, shape, dtype) of the streaming state for batch 1; `pos` first."""
+        dtype = self.dtype
+        spec = [(POSITION, (1,), torch.int64)]
+        for module in self.modules():
+            if isinstance(module, StatefulLeaf):
+                spec += [(n, (1, *s), dtype) for n, s in module.state_shapes().items()]
+        return spec
+
+    def initial_state(self) -> dict[str, Tensor]:
+        """A stream's start: position 0, zero conv history (= causal zero padding), zero K/V
+        (masked out because their positions are negative)."""
+        return {n: torch.zeros(s, dtype=d) for n, s, d in self.state_spec()}
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.pre_conv.conv.weight.dtype
+
+    # -------------------------------------------------------- compute
+    def step(self, codes: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
+        """Unchecked core. codes int64 [B, Q, T], state -> (wav [B, 1, T*hop], new state)."""
+        new: dict[str, Tensor] = {}
+        h = self.quantizer(codes)
+        h, s = self.pre_conv(h, state)
+        new.update(s)
+        h, s = self.pre_transformer(h.transpose(1, 2), state[POSITION], state)
+        new.update(s)
+        h = h.transpose(1, 2)
+        for stage in self.upsample:
+            h, s = stage(h, state)
+            new.update(s)
+        for layer in self.decoder:
+            if isinstance(layer, SnakeBeta):
+                h = layer(h)
+            else:
+                h, s = layer(h, state)
+                new.update(s)
+        new[POSITION] = state[POSITION] + codes.shape[-1]
+        return h.clamp(-1.0, 1.0), new
+
+    def forward(self, codes: Tensor) -> Tensor:
+        """Offline decode with input checks. codes int64 [1, Q, T] -> float [1, 1, T*hop]."""
+        self.check_codes(codes)
+        wav, _ = self.step(codes, self.initial_state())
+        return wav
+
+    def check_codes(self, codes: object, frames: int | None = None) -> None:
+        """Raise CodesError naming what is wrong with `codes` (expects int64 [1, Q, T])."""
+        check_codes(codes, self.config.num_quantizers, self.config.codebook_size, frames)

@@ -1,0 +1,180 @@
+"""Leaf layers of Code2Wav: the math as pure functions, the modules as thin parameter holders.
+
+Every stateful leaf has `forward(x, state) -> (y, new_state)`, where `state` maps this leaf's state
+names to tensors and `new_state` holds fresh tensors for the same names (nothing is mutated in
+place). Offline decoding is streaming decoding of one chunk from the zero initial state: a causal
+conv's zero history is exactly the zero left padding of the offline conv.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+State = Mapping[str, Tensor]
+
+
+# ---------------------------------------------------------------- pure functions
+def snake_beta(x: Tensor, log_alpha: Tensor, log_beta: Tensor) -> Tensor:
+    """SnakeBeta: x + 1/beta * sin^2(alpha x), alpha and beta stored as logs. x [B, C, T]."""
+    alpha = torch.exp(log_alpha)[None, :, None]
+    beta = torch.exp(log_beta)[None, :, None]
+    return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last dim, computed in at least float32."""
+    dtype = x.dtype
+    h = x.to(torch.promote_types(dtype, torch.float32))
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Default RoPE tables for int positions [T] -> cos, sin [T, head_dim], computed in >= float32."""
+    work = torch.promote_types(dtype, torch.float32)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(work) / head_dim))
+    freqs = positions.to(work)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [B, H, T, D] rotated by cos/sin [T, D] (rotate-half convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def sliding_window_mask(q_pos: Tensor, k_pos: Tensor, window: int) -> Tensor:
+    """Bool [Tq, Tk]: key exists (pos >= 0), is not in the future, and is within `window` frames
+    including the query itself (q - k < window)."""
+    delta = q_pos[:, None] - k_pos[None, :]
+    return (k_pos[None, :] >= 0) & (delta >= 0) & (delta < window)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float) -> Tensor:
+    """q [B, H, Tq, D], k/v [B, Hkv, Tk, D], allowed [Tq, Tk] -> [B, H, Tq, D].
+
+    Softmax in >= float32. Masked scores get the dtype's lowest value, not -inf: every query sees
+    at least itself, and a finite fill keeps partitioners away from inf arithmetic."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores.to(torch.promote_types(q.dtype, torch.float32)), dim=-1).to(q.dtype)
+    return torch.matmul(weights, v)
+
+
+def causal_conv1d(x: Tensor, history: Tensor, weight: Tensor, bias: Tensor | None,
+                  dilation: int, groups: int) -> tuple[Tensor, Tensor]:
+    """Stride-1 causal conv. x [B, Cin, T], history [B, Cin, P] with P = (K-1)*dilation
+    -> y [B, Cout, T], new history [B, Cin, P] (the last P input samples seen)."""
+    xx = torch.cat([history, x], dim=-1)
+    y = F.conv1d(xx, weight, bias, dilation=dilation, groups=groups)
+    pad = history.shape[-1]
+    return y, xx[..., xx.shape[-1] - pad:]
+
+
+def causal_conv_transpose1d(x: Tensor, carry: Tensor, weight: Tensor, bias: Tensor | None,
+                            stride: int) -> tuple[Tensor, Tensor]:
+    """Causal transposed conv, kernel K with S < K <= 2S or K == S.
+
+    x [B, Cin, T], carry [B, Cout, K-S] (the previous chunk's overlap tail, bias taken out)
+    -> y [B, Cout, T*S], new carry [B, Cout, K-S]. Offline this equals the full transposed conv
+    with its last K-S samples trimmed."""
+    full = F.conv_transpose1d(x, weight, None, stride=stride)  # [B, Cout, (T-1)*S + K]
+    n = x.shape[-1] * stride
+    overlap = carry.shape[-1]
+    if overlap:
+        y = torch.cat([full[..., :overlap] + carry, full[..., overlap:n]], dim=-1)
+    else:
+        y = full[..., :n]
+    if bias is not None:
+        y = y + bias[None, :, None]
+    return y, full[..., n:]
+
+
+# ---------------------------------------------------------------- thin modules
+class SnakeBeta(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))  # log alpha
+        self.beta = nn.Parameter(torch.zeros(channels))  # log beta
+
+    def forward(self, x: Tensor) -> Tensor:
+        return snake_beta(x, self.alpha, self.beta)
+
+
+class StatefulLeaf(nn.Module):
+    """A leaf with named state. `state_name` is its module path, set by the decoder."""
+
+    state_name: str = ""
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        """{state name: shape without the batch dim}."""
+        raise NotImplementedError
+
+
+class CausalConv1d(StatefulLeaf):
+    """Checkpoint layout `<name>.conv.{weight,bias}`. State `<name>.history`: [B, Cin, (K-1)*dilation]."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1):
+        super().__init__()
+        self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups)
+        self.pad = (kernel - 1) * dilation
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {f"{self.state_name}.history": (self.conv.in_channels, self.pad)} if self.pad else {}
+
+    def forward(self, x: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
+        if not self.pad:  # a 1x1 conv has no history
+            return self.conv(x), {}
+        key = f"{self.state_name}.history"
+        y, hist = causal_conv1d(x, state[key], self.conv.weight, self.conv.bias,
+                                self.conv.dilation[0], self.conv.groups)
+        return y, {key: hist}
+
+
+class CausalConvTranspose1d(StatefulLeaf):
+    """Checkpoint layout `<name>.conv.{weight,bias}`. State `<name>.carry`: [B, Cout, K-S]."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int):
+        super().__init__()
+        if not (kernel == stride or stride < kernel <= 2 * stride):
+            raise ValueError(f"transposed conv needs kernel == stride or stride < kernel <= 2*stride, got {kernel}, {stride}")
+        self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
+        self.overlap = kernel - stride
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {f"{self.state_name}.carry": (self.conv.out_channels, self.overlap)} if self.overlap else {}
+
+    def forward(self, x: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
+        key = f"{self.state_name}.carry"
+        carry = state[key] if self.overlap else x.new_zeros(x.shape[0], self.conv.out_channels, 0)
+        y, new_carry = causal_conv_transpose1d(x, carry, self.conv.weight, self.conv.bias, self.conv.stride[0])
+        return y, ({key: new_carry} if self.overlap else {})
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int, init: float):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), float(init)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.scale * x
