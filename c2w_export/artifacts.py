@@ -1,0 +1,81 @@
+"""Open a shipped artifacts directory: manifest, file hashes, programs in their runtimes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import manifest as mf
+from .checkpoint import sha256_file
+from .export import Dispatch
+from .flows import get_flow, load
+from .runner import MethodSpec, Runner
+
+
+class ArtifactError(RuntimeError):
+    """A file named by the manifest is missing or does not match its recorded sha256."""
+
+
+@dataclass
+class Artifacts:
+    root: Path
+    manifest: dict
+    specs: dict[str, MethodSpec]
+
+    @property
+    def decode(self) -> dict:
+        return self.manifest["decode"]
+
+    def files(self) -> dict[str, dict]:
+        """{relative path: program entry} (one entry per file)."""
+        return {p["path"]: p for p in self.manifest["programs"]}
+
+    def check_files(self) -> list[str]:
+        """Re-hash every file -> list of problems (empty when all match)."""
+        problems = []
+        for rel, entry in self.files().items():
+            path = self.root / rel
+            if not path.is_file():
+                problems.append(f"missing artifact file {rel}")
+                continue
+            size = path.stat().st_size
+            if size != entry["bytes"]:
+                problems.append(f"{rel}: {size} bytes, manifest says {entry['bytes']} (truncated or replaced)")
+            elif sha256_file(path) != entry["sha256"]:
+                problems.append(f"{rel}: sha256 mismatch (corrupted or modified)")
+        for p in self.manifest["programs"]:
+            if "bundle" in p:
+                b = self.root / p["bundle"]["path"]
+                if not b.is_file():
+                    problems.append(f"missing bundle file {p['bundle']['path']}")
+                elif sha256_file(b) != p["bundle"]["sha256"]:
+                    problems.append(f"{p['bundle']['path']}: sha256 mismatch (corrupted or modified)")
+        return problems
+
+    def runner(self) -> Dispatch:
+        """Load every program in its own runtime (call check_files first)."""
+        by_file: dict[str, list[dict]] = {}
+        for p in self.manifest["programs"]:
+            by_file.setdefault(p["path"], []).append(p)
+        runners = {}
+        for rel, entries in by_file.items():
+            flow = get_flow(entries[0]["backend"])
+            methods = [e["method"] for e in entries]
+            loaded = load(flow, {m: self.root / rel for m in methods})
+            r = Runner(flow.name, loaded, {m: self.specs[m] for m in methods}, self.decode["codebook_size"])
+            runners.update({m: r for m in methods})
+        return Dispatch(runners)
+
+    def initial_state(self):
+        import torch
+
+        return tuple(torch.zeros(s["shape"], dtype=getattr(torch, s["dtype"])) for s in self.manifest["state"])
+
+
+def open_artifacts(root: str | Path) -> Artifacts:
+    root = Path(root)
+    if not root.is_dir():
+        raise ArtifactError(f"artifacts directory not found: {root}")
+    m = mf.load(root)
+    specs = {p["method"]: MethodSpec.from_json(p) for p in m["programs"]}
+    return Artifacts(root, m, specs)

@@ -1,0 +1,202 @@
+"""The `c2w-export` command line. Errors a user can fix exit 2 with one line, no traceback;
+a parity failure exits 1."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+EXIT_PARITY, EXIT_USAGE = 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="c2w-export", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("synth", help="write a seeded synthetic checkpoint in the real layout")
+    s.add_argument("--preset", choices=["tiny", "real"], default="tiny")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", required=True, type=Path)
+
+    e = sub.add_parser("export", help="export, check against eager, write artifacts + manifest.json")
+    e.add_argument("--model", required=True, help="model directory or hub id")
+    e.add_argument("--out-dir", required=True, type=Path)
+    e.add_argument("--ramp", type=int, nargs="+", default=[2, 4, 8, 16, 25])
+    e.add_argument("--context", type=int, default=72)
+    e.add_argument("--backend", choices=["torch_export", "executorch"], default="executorch")
+    e.add_argument("--partitioner", choices=["xnnpack", "portable"], default="xnnpack")
+    e.add_argument("--variant", choices=["windowed", "stateful", "both"], default="windowed")
+    e.add_argument("--multi-method", action="store_true", help="one .pte holding every chunk size as a method")
+    e.add_argument("--bundle", action="store_true", help="also write BundledProgram (.bpte) test vectors")
+    e.add_argument("--windows", type=int, default=3, help="code windows checked per program")
+
+    d = sub.add_parser("decode", help="stream codes through shipped artifacts into a 24 kHz WAV")
+    d.add_argument("--artifacts", required=True, type=Path)
+    d.add_argument("--codes", required=True, type=Path, help=".npy or .pt, int64 [Q,T] or [1,Q,T]")
+    d.add_argument("--out", required=True, type=Path)
+    d.add_argument("--variant", choices=["windowed", "stateful"], default=None)
+    d.add_argument("--check", action="store_true", help="also decode offline in eager and print the diff")
+    d.add_argument("--model", default=None, help="for --check: model (default: the manifest's)")
+
+    v = sub.add_parser("verify", help="re-hash, load and parity-check an artifacts directory")
+    v.add_argument("--artifacts", required=True, type=Path)
+    v.add_argument("--model", default=None)
+    v.add_argument("--json", action="store_true")
+    v.add_argument("--windows", type=int, default=3)
+
+    g = sub.add_parser("golden", help="check (default) or --update tests/golden from the tiny seed-0 checkpoint")
+    g.add_argument("--update", action="store_true")
+    g.add_argument("--dir", type=Path, default=None)
+
+    m = sub.add_parser("demo", help="the main job on the embedded default: synth tiny, export, verify, decode")
+    m.add_argument("--out", type=Path, default=Path("demo"))
+    m.add_argument("--backend", choices=["torch_export", "executorch"], default="executorch")
+    return p
+
+
+def _err(msg: str) -> None:
+    print(f"c2w-export: error: {msg}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from .artifacts import ArtifactError
+    from .checkpoint import CheckpointError
+    from .config import ConfigError
+    from .flows import FlowError
+    from .manifest import ManifestError
+    from .pipeline import ParityError
+    from .validate import InputError
+
+    try:
+        return int(COMMANDS[args.command](args) or 0)
+    except ParityError as e:
+        _err(str(e))
+        return EXIT_PARITY
+    except (InputError, CheckpointError, ConfigError, ManifestError, ArtifactError, FlowError, ValueError, OSError) as e:
+        _err(str(e))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+
+
+def cmd_synth(a) -> int:
+    from .synth import synth
+
+    t = time.perf_counter()
+    root = synth(a.preset, a.seed, a.out)
+    print(f"wrote {a.preset} seed {a.seed} checkpoint to {root} in {time.perf_counter() - t:.1f}s")
+    return 0
+
+
+def _variants(v: str) -> list[str]:
+    return ["windowed", "stateful"] if v == "both" else [v]
+
+
+def cmd_export(a) -> int:
+    from .export import export_artifacts
+
+    export_artifacts(a.model, a.out_dir, ramp=a.ramp, context=a.context, backend=a.backend,
+                     partitioner=a.partitioner, variants=_variants(a.variant), multi_method=a.multi_method,
+                     windows=a.windows, bundle=a.bundle, progress=lambda s: print(s, flush=True))
+    return 0
+
+
+def cmd_decode(a) -> int:
+    import torch
+
+    from .artifacts import ArtifactError, open_artifacts
+    from .compare import compare
+    from .streaming import stream_stateful, stream_windowed
+    from .validate import check_codes
+    from .wav import read_codes, write_wav
+
+    art = open_artifacts(a.artifacts)
+    problems = art.check_files()
+    if problems:
+        raise ArtifactError("; ".join(problems))
+    dec = art.decode
+    variant = a.variant or ("stateful" if "stateful" in dec["variants"] else "windowed")
+    if variant not in dec["variants"]:
+        raise ValueError(f"{a.artifacts} holds variant(s) {dec['variants']}, not {variant}")
+    codes = read_codes(a.codes)
+    check_codes(codes, dec["num_quantizers"], dec["codebook_size"])
+    run = art.runner().run
+    if variant == "stateful":
+        res = stream_stateful(run, art.initial_state(), codes, dec["hop"], dec["ramp"])
+    else:
+        res = stream_windowed(run, codes, dec["hop"], dec["context_frames"], dec["ramp"])
+    write_wav(a.out, res.wav, dec["sample_rate"])
+    sr = dec["sample_rate"]
+    print(f"decoded {codes.shape[-1]} frames ({res.wav.shape[-1] / sr:.2f} s) with {variant} in {len(res.steps)} chunks "
+          f"-> {a.out}")
+    print(f"real-time factor {res.real_time_factor(sr):.3f} (compute/audio), first chunk {res.first_chunk_seconds * 1e3:.1f} ms "
+          f"({res.steps[0].frames} frames)")
+    if a.check:
+        from .checkpoint import load_decoder
+
+        decoder = load_decoder(a.model or art.manifest["model"]["id"])
+        with torch.no_grad():
+            ref = decoder(codes)[:, 0]
+        print(f"check vs offline eager decode: {compare(res.wav, ref).describe()}")
+    return 0
+
+
+def cmd_verify(a) -> int:
+    from .verify import report_json, verify
+
+    report = verify(a.artifacts, a.model, windows=a.windows, progress=(lambda s: None) if a.json else print)
+    if a.json:
+        print(report_json(report))
+    else:
+        print(report.table())
+        print("verify: PASS" if report.exit_code == 0 else "verify: FAIL")
+    return report.exit_code
+
+
+def cmd_golden(a) -> int:
+    from .golden import check_golden, update_golden
+
+    if a.update:
+        print(update_golden(a.dir))
+        return 0
+    ok, text = check_golden(a.dir)
+    print(text)
+    return 0 if ok else EXIT_PARITY
+
+
+def cmd_demo(a) -> int:
+    import numpy as np
+
+    from .export import export_artifacts
+    from .synth import synth
+    from .verify import verify
+
+    out = a.out
+    model = out / "model"
+    print(f"[1/4] synthetic tiny checkpoint (seed 0) -> {model}")
+    synth("tiny", 0, model)
+    arts = out / "artifacts"
+    print(f"[2/4] export both variants, ramp 2 4 8 16 25, context 72 ({a.backend}) -> {arts}")
+    export_artifacts(str(model), arts, backend=a.backend, variants=["windowed", "stateful"], multi_method=a.backend == "executorch",
+                     progress=lambda s: print("      " + s, flush=True))
+    print(f"[3/4] verify {arts}")
+    report = verify(arts, progress=lambda s: None)
+    print(report.table())
+    codes_path = out / "codes.npy"
+    rng = np.random.default_rng(0)
+    np.save(codes_path, rng.integers(0, 2048, size=(16, 120), dtype=np.int64))
+    print(f"[4/4] decode {codes_path} (120 frames = 9.6 s) -> {out / 'demo.wav'}")
+    ns = argparse.Namespace(artifacts=arts, codes=codes_path, out=out / "demo.wav", variant="stateful", check=True, model=None)
+    cmd_decode(ns)
+    return report.exit_code
+
+
+COMMANDS = {"synth": cmd_synth, "export": cmd_export, "decode": cmd_decode, "verify": cmd_verify,
+            "golden": cmd_golden, "demo": cmd_demo}
+
+if __name__ == "__main__":
+    sys.exit(main())

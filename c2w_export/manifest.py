@@ -1,0 +1,113 @@
+"""Manifest v1 (`manifest.json`): what an artifacts directory holds and how it was checked.
+
+Written atomically; loaded against a schema (unknown format_version, missing fields and wrong
+types are rejected with the field's path). Paths are relative to the artifacts directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class ManifestError(ValueError):
+    """manifest.json is missing, not JSON, or does not follow the v1 schema."""
+
+
+NUM = (int, float)
+OPT_NUM = (int, float, type(None))
+SPEC = {"name": str, "shape": [int], "dtype": str}
+TOL = {"max_abs": NUM, "min_snr_db": NUM, "why": str}
+PARITY = {"max_abs": NUM, "snr_db": OPT_NUM, "windows": int, "streams": int}
+PROGRAM = {
+    "method": str, "variant": str, "chunk": int, "context": int, "path": str, "sha256": str, "bytes": int,
+    "inputs": [SPEC], "outputs": [SPEC], "backend": str, "partitioner": (str, type(None)), "verified": bool,
+    "tolerance": TOL, "parity": PARITY,
+}
+SCHEMA = {
+    "format_version": int,
+    "model": {"id": str, "config_sha256": str, "weights_sha256": str},
+    "versions": {"torch": str, "executorch": (str, type(None)), "c2w_export": str, "python": str},
+    "decode": {"variants": [str], "ramp": [int], "context_frames": int, "hop": int, "sample_rate": int,
+               "num_quantizers": int, "codebook_size": int},
+    "state": [SPEC],
+    "programs": [PROGRAM],
+}
+
+
+def check_schema(value: Any, schema: Any, where: str = "manifest") -> None:
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            raise ManifestError(f"{where} must be an object, got {type(value).__name__}")
+        for key, sub in schema.items():
+            if key not in value:
+                raise ManifestError(f"{where} is missing required field '{key}'")
+            check_schema(value[key], sub, f"{where}.{key}")
+    elif isinstance(schema, list):
+        if not isinstance(value, list):
+            raise ManifestError(f"{where} must be a list, got {type(value).__name__}")
+        for i, item in enumerate(value):
+            check_schema(item, schema[0], f"{where}[{i}]")
+    else:
+        types = schema if isinstance(schema, tuple) else (schema,)
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if not ok:
+            names = "/".join("null" if t is type(None) else t.__name__ for t in types)
+            raise ManifestError(f"{where} must be {names}, got {type(value).__name__} {value!r}"[:300])
+
+
+def versions() -> dict[str, Any]:
+    import torch
+
+    from . import __version__
+
+    try:
+        from importlib.metadata import version
+
+        et = version("executorch")
+    except Exception:
+        et = None
+    return {"torch": torch.__version__, "executorch": et, "c2w_export": __version__, "python": platform.python_version()}
+
+
+def write(directory: Path, manifest: dict) -> Path:
+    """Validate, then write `directory/manifest.json` atomically."""
+    check_schema(manifest, SCHEMA)
+    path = Path(directory) / MANIFEST
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(manifest, f, indent=2, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def load(directory: Path) -> dict:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise ManifestError(f"no {MANIFEST} in {directory}: is this an artifacts directory from `c2w-export export`?")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict) or "format_version" not in data:
+        raise ManifestError(f"{path}: missing required field 'format_version'")
+    if data["format_version"] != FORMAT_VERSION:
+        raise ManifestError(f"{path}: unknown format_version {data['format_version']!r}; this c2w-export reads {FORMAT_VERSION}")
+    check_schema(data, SCHEMA, str(path))
+    for p in data["programs"]:
+        if Path(p["path"]).is_absolute() or ".." in Path(p["path"]).parts:
+            raise ManifestError(f"{path}: program path {p['path']!r} must be relative to the artifacts directory")
+    return data
