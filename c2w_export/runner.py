@@ -64,6 +64,7 @@ class Runner:
 
     def run(self, method: str, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
         self.check(method, inputs)
+        inputs = [x.contiguous() for x in inputs]  # ExecuTorch refuses strided views (stream slices)
         try:
             out = self.loaded.run(method, inputs)
         except Exception as e:

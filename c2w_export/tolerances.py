@@ -37,6 +37,11 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("eager", "float32"): Tolerance(
         1e-6, 120.0, "eager vs eager (windowed slice of a full decode, repeat runs): identical ops, measured 0",
     ),
+    ("eager_resized", "float32"): Tolerance(
+        1e-5, 100.0,
+        "eager vs eager on a different length (causal prefix, windowed slice): oneDNN blocks convs and "
+        "matmuls differently per shape; measured ~2e-6 on tiny",
+    ),
     ("torch_export", "float32"): FP32_GATE,
     ("executorch_xnnpack", "float32"): FP32_GATE,
     ("executorch_portable", "float32"): FP32_GATE,

@@ -1,0 +1,64 @@
+"""Our decoder on its own: causality, input errors, dtype handling."""
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from c2w_export.compare import compare
+from c2w_export.decoder import CodesError
+from c2w_export.tolerances import tolerance
+
+
+def test_output_shape_and_dtype(decoder):
+    cfg = decoder.config
+    y = decoder(torch.zeros(1, cfg.num_quantizers, 3, dtype=torch.int64))
+    assert y.shape == (1, 1, 3 * cfg.hop) and y.dtype == torch.float32
+
+
+@given(n=st.integers(1, 30), extra=st.integers(1, 12), seed=st.integers(0, 2**16))
+def test_causal_prefix(decoder, n, extra, seed):
+    """Decoding the first N frames equals the first N*hop samples of a longer decode."""
+    cfg = decoder.config
+    codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, n + extra), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        full, prefix = decoder(codes), decoder(codes[:, :, :n])
+    d = compare(prefix, full[..., : n * cfg.hop])
+    assert d.within(tolerance("eager_resized")), d.describe()
+
+
+def _codes(decoder, **kw):
+    cfg = decoder.config
+    shape = kw.pop("shape", (1, cfg.num_quantizers, 4))
+    return torch.zeros(shape, dtype=kw.pop("dtype", torch.int64))
+
+
+BAD_CODES = [
+    ("int32", lambda d: _codes(d, dtype=torch.int32), "must be int64"),
+    ("float", lambda d: _codes(d, dtype=torch.float32), "must be int64"),
+    ("2d", lambda d: _codes(d, shape=(16, 4)), "3 dims"),
+    ("batch2", lambda d: _codes(d, shape=(2, 16, 4)), "batch must be 1"),
+    ("wrong-q", lambda d: _codes(d, shape=(1, 15, 4)), "Q=16"),
+    ("empty-t", lambda d: _codes(d, shape=(1, 16, 0)), "T >= 1"),
+    ("too-big", lambda d: _codes(d).index_fill_(2, torch.tensor([2]), d.config.codebook_size), r"found 2048 at index \(0, 0, 2\)"),
+    ("negative", lambda d: _codes(d).index_fill_(2, torch.tensor([1]), -1), "found -1"),
+    ("not-tensor", lambda d: [[0]], "torch.Tensor"),
+]
+
+
+@pytest.mark.parametrize("make,message", [c[1:] for c in BAD_CODES], ids=[c[0] for c in BAD_CODES])
+def test_bad_codes_raise_value_error(decoder, make, message):
+    with pytest.raises(CodesError, match=message) as e:
+        decoder(make(decoder))
+    assert isinstance(e.value, ValueError)
+
+
+def test_fp64_agrees_with_fp32(model_dir, decoder):
+    """fp64 is the noise floor reference: fp32 should sit within float noise of it."""
+    from c2w_export import load_decoder
+
+    d64 = load_decoder(model_dir, dtype=torch.float64)
+    cfg = decoder.config
+    codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        d = compare(decoder(codes), d64(codes))
+    assert d.max_abs < 1e-5 and d.snr_db > 95, d.describe()

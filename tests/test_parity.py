@@ -1,0 +1,157 @@
+"""Windowed programs of every flow at every ramp chunk against eager (issue: export pipeline).
+
+Ids read `<flow>-chunk<n>`. Programs are exported once per session (ProgramCache)."""
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from c2w_export.compare import compare
+from c2w_export.flows import EagerLoaded, Loaded
+from c2w_export.pipeline import build, check_method
+from c2w_export.runner import Runner, method_name
+from c2w_export.tolerances import PERTURBATION, tolerance
+from c2w_export.validate import InputError
+from c2w_export.variants import Windowed, make_variant
+from strategies import code_windows
+
+
+@pytest.fixture(scope="session")
+def windowed(programs, flow_name):
+    return programs.get(flow_name, "windowed")
+
+
+def _window(decoder, frames, seed):
+    cfg = decoder.config
+    return torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, frames), generator=torch.Generator().manual_seed(seed))
+
+
+def test_stages_within_tolerance(windowed, flow_name, chunk, numerics_log):
+    """Every stage (export, lower, run) of every program is within the flow's tolerance of eager."""
+    results, _ = windowed
+    r = results[method_name("windowed", chunk)]
+    numerics_log.append({"flow": flow_name, "variant": "windowed", "chunk": chunk, "max_abs": r.diff.max_abs,
+                         "snr_db": r.diff.snr_db, "stages": {s: d.max_abs for s, d in r.stages.items()}})
+    assert r.passed, r.failure()
+    expected = {"eager": {"run"}, "torch_export": {"export", "run"}}.get(flow_name, {"export", "lower", "run"})
+    assert set(r.stages) == expected
+
+
+def test_output_contract(programs, windowed, flow_name, chunk, decoder, context):
+    """Shape [1, chunk*hop], float32, finite, deterministic, within tolerance on a fresh window."""
+    run = programs.runner(flow_name, "windowed").run
+    method = method_name("windowed", chunk)
+    codes = _window(decoder, context + chunk, seed=chunk)
+    out = run(method, (codes,))
+    assert len(out) == 1
+    wav = out[0]
+    assert wav.shape == (1, chunk * decoder.config.hop) and wav.dtype == torch.float32
+    assert torch.isfinite(wav).all()
+    assert torch.equal(run(method, (codes,))[0], wav), "not deterministic"
+    with torch.no_grad():
+        ref = Windowed(decoder, chunk, context)(codes)
+    d = compare(wav, ref)
+    assert d.within(tolerance(flow_name)), d.describe()
+
+
+@settings(max_examples=6)
+@given(data=__import__("hypothesis").strategies.data())
+def test_drawn_windows(programs, windowed, flow_name, chunk, decoder, context, data):
+    cfg = decoder.config
+    codes = data.draw(code_windows(cfg.num_quantizers, context + chunk, cfg.codebook_size))
+    run = programs.runner(flow_name, "windowed").run
+    with torch.no_grad():
+        ref = Windowed(decoder, chunk, context)(codes)
+    d = compare(run(method_name("windowed", chunk), (codes,))[0], ref)
+    assert d.within(tolerance(flow_name)), d.describe()
+
+
+def test_eager_windowed_is_tail_of_full_decode(decoder, chunk, context):
+    codes = _window(decoder, context + chunk, seed=7)
+    with torch.no_grad():
+        full = decoder(codes)[:, 0]
+        win = Windowed(decoder, chunk, context)(codes)
+    d = compare(win, full[:, context * decoder.config.hop:])
+    assert d.within(tolerance("eager_resized")), d.describe()
+
+
+# ---------------------------------------------------------------- the gate can fail
+def _largest_o_proj(decoder):
+    return decoder.pre_transformer.layers[0].self_attn.o_proj.weight
+
+
+PERTURBED = [
+    ("o_proj", lambda d: d.pre_transformer.layers[0].self_attn.o_proj.weight),
+    ("final-conv", lambda d: d.decoder[-1].conv.weight),
+    ("codebook", lambda d: d.quantizer.rvq_rest.vq.layers[3]._codebook.embedding_sum),
+]
+
+
+@pytest.mark.parametrize("pick", [p[1] for p in PERTURBED], ids=[p[0] for p in PERTURBED])
+def test_gate_rejects_perturbed_weight(decoder, programs, ramp, context, pick):
+    """A 1e-3 relative change of one weight tensor of the exported module must fail parity."""
+    chunk = ramp[0]
+    bad = copy.deepcopy(decoder)
+    with torch.no_grad():
+        w = pick(bad)
+        w.mul_(1 + PERTURBATION)
+    module = make_variant(bad, "windowed", chunk, context)
+    reference = make_variant(decoder, "windowed", chunk, context)
+    codes = [_window(decoder, context + chunk, s) for s in range(3)]
+    d = check_method(EagerLoaded({"m": module}).run, reference, "m", codes)
+    assert not d.within(tolerance("executorch_xnnpack")), f"perturbation passed the gate: {d.describe()}"
+
+
+def test_gate_rejects_window_off_by_one(decoder, ramp, context):
+    """Slicing the window one frame late (a classic off-by-one) must fail parity."""
+    chunk = ramp[0]
+    codes = _window(decoder, context + chunk + 1, seed=3)
+    with torch.no_grad():
+        good = Windowed(decoder, chunk, context)(codes[:, :, 1:])
+        shifted = Windowed(decoder, chunk, context)(codes[:, :, :-1])
+    d = compare(shifted, good)
+    assert not d.within(tolerance("executorch_xnnpack")), d.describe()
+
+
+# ---------------------------------------------------------------- bad input never reaches the runtime
+class Spy(Loaded):
+    def __init__(self):
+        self.methods, self.calls = ["chunk_2"], 0
+
+    def run(self, method, inputs):
+        self.calls += 1
+        return (torch.zeros(1),)
+
+
+BAD_INPUT = [
+    ("int32", lambda c: c.to(torch.int32), "must be int64"),
+    ("short", lambda c: c[:, :, 1:], "T=74 frames"),
+    ("wrong-q", lambda c: c[:, 1:], "Q=16"),
+    ("out-of-range", lambda c: c.index_fill(2, torch.tensor([5]), 2048), "found 2048 at index"),
+    ("negative", lambda c: c.index_fill(2, torch.tensor([0]), -3), "found -3"),
+]
+
+
+@pytest.mark.parametrize("make,message", [b[1:] for b in BAD_INPUT], ids=[b[0] for b in BAD_INPUT])
+def test_runner_rejects_bad_input_before_runtime(decoder, make, message):
+    spy = Spy()
+    module = Windowed(decoder, 2, 72)
+    from c2w_export.pipeline import method_spec
+
+    runner = Runner("spy", spy, {"chunk_2": method_spec(module, "windowed", 2)}, decoder.config.codebook_size)
+    codes = _window(decoder, 74, 0)
+    runner.run("chunk_2", (codes,))
+    assert spy.calls == 1
+    with pytest.raises(InputError, match=message):
+        runner.run("chunk_2", (make(codes),))
+    assert spy.calls == 1, "bad input reached the runtime"
+
+
+def test_loaded_program_rejects_bad_input(programs, flow_name, ramp, decoder, context):
+    """The real runtime behind a Runner: bad codes are refused with InputError, not a crash."""
+    run = programs.runner(flow_name, "windowed").run
+    codes = _window(decoder, context + ramp[0], 0).index_fill(2, torch.tensor([0]), 99999)
+    with pytest.raises(InputError, match="found 99999"):
+        run(method_name("windowed", ramp[0]), (codes,))
