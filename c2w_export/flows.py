@@ -8,15 +8,14 @@ torch_export; eager has no stages and runs the module itself.
 from __future__ import annotations
 
 import importlib.util
-import io
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
+
+from .fileio import atomic_write
 
 STAGES = ("export", "lower", "serialize", "run")
 NEXT_STAGE = {None: "export", "export": "lower", "lower": "serialize", "serialize": "run"}
@@ -128,18 +127,6 @@ def _pte_methods(buffer: bytes) -> list[str]:
     from executorch.runtime import Runtime
 
     return sorted(Runtime.get().load_program(buffer).method_names)
-
-
-def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
-    """Write via a temp file in the same directory, then rename: no partial file is ever left."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 # ---------------------------------------------------------------- loaded programs

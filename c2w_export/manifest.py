@@ -7,12 +7,11 @@ types are rejected with the field's path). Paths are relative to the artifacts d
 from __future__ import annotations
 
 import json
-import os
 import platform
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from .fileio import atomic_write_bytes
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -82,15 +81,7 @@ def write(directory: Path, manifest: dict) -> Path:
     """Validate, then write `directory/manifest.json` atomically."""
     check_schema(manifest, SCHEMA)
     path = Path(directory) / MANIFEST
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(manifest, f, indent=2, sort_keys=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write_bytes(path, (json.dumps(manifest, indent=2) + "\n").encode())
     return path
 
 

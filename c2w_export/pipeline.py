@@ -32,6 +32,7 @@ class ProgramResult:
     tolerance: Tolerance
     stages: dict[str, Diff] = field(default_factory=dict)  # stage -> diff against eager
     windows: int = 0  # code windows (windowed) or stream steps (stateful) checked at the run stage
+    module: object = None  # the eager variant module this program was exported from
     seconds: dict[str, float] = field(default_factory=dict)
     bytes: int = 0
 
@@ -100,7 +101,7 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence
         mods = {m: modules[m] for m in group}
         specs = {m: method_spec(mods[m], mods[m].__class__.__name__.lower(), mods[m].chunk) for m in group}
         inputs = {m: parity_inputs(mods[m], windows, seed) for m in group}
-        res = {m: ProgramResult(flow.name, specs[m], None, tol, windows=windows) for m in group}
+        res = {m: ProgramResult(flow.name, specs[m], None, tol, windows=windows, module=mods[m]) for m in group}
         if flow.name == "eager":
             loaded = EagerLoaded(mods)
             for m in group:

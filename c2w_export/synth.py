@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -18,6 +17,7 @@ import torch
 from .checkpoint import CONFIG_FILE, PREFIX, SUBDIR, WEIGHTS_FILE
 from .config import DecoderConfig, preset
 from .decoder import Code2Wav
+from .fileio import atomic_write_bytes
 
 TARGET_STD = 0.15  # pre-clamp output std: inside the 0.02-0.5 band, far from the +-1 clamp
 CALIBRATION_FRAMES = 12
@@ -92,26 +92,14 @@ def make_decoder(cfg: DecoderConfig, seed: int) -> Code2Wav:
 def write_checkpoint(decoder: Code2Wav, out: str | os.PathLike) -> Path:
     """Write `out/speech_tokenizer/{config.json,model.safetensors}` (keys prefixed `decoder.`),
     each file atomically. Returns the speech_tokenizer directory."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     root = Path(out) / SUBDIR
     root.mkdir(parents=True, exist_ok=True)
     tensors = {PREFIX + k: v.detach().contiguous().to(torch.float32) for k, v in decoder.state_dict().items()}
-    _atomic(root / WEIGHTS_FILE, lambda p: save_file(tensors, p, metadata={"format": "pt"}))
-    text = json.dumps(decoder.config.to_tokenizer_dict(), indent=2)
-    _atomic(root / CONFIG_FILE, lambda p: Path(p).write_text(text))
+    atomic_write_bytes(root / WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
+    atomic_write_bytes(root / CONFIG_FILE, json.dumps(decoder.config.to_tokenizer_dict(), indent=2).encode())
     return root
-
-
-def _atomic(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def synth(preset_name: str, seed: int, out: str | os.PathLike) -> Path:

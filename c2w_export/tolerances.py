@@ -42,6 +42,11 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
         "eager vs eager on a different length (causal prefix, windowed slice): oneDNN blocks convs and "
         "matmuls differently per shape; measured ~2e-6 on tiny",
     ),
+    ("golden", "float32"): Tolerance(
+        3e-5, 95.0,
+        "committed golden audio vs today's decode: torch/oneDNN/XNNPACK upgrades reorder fp32 math "
+        "(same noise scale as the flow gates); a real numerics change is far larger",
+    ),
     ("torch_export", "float32"): FP32_GATE,
     ("executorch_xnnpack", "float32"): FP32_GATE,
     ("executorch_portable", "float32"): FP32_GATE,
@@ -61,6 +66,10 @@ WINDOWED_STREAM_FLOOR_DB: dict[str, float] = {
     "tiny": 95.0,  # steady state exact up to fp32 noise
     "real": 40.0,  # measured 45-57 dB with random weights
 }
+
+# Bundled vectors of stateful methods also compare the new state. State tensors reach ~10 in
+# magnitude (pre-activation conv history); XNNPACK measured 8.7e-5 abs there (9e-6 relative).
+BUNDLE_STATE_RTOL = 2e-5
 
 PERTURBATION = 1e-3  # relative change of one weight that a gate must reject
 

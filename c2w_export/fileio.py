@@ -1,0 +1,27 @@
+"""Atomic file writes: a temp file in the same directory, then rename. No partial file is ever
+left behind, whatever fails halfway."""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+
+def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; artifacts are meant to be shared
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda f: f.write(data))

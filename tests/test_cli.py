@@ -1,0 +1,295 @@
+"""The command line as a shipping pipeline uses it: export, verify, decode, and a matrix of bad
+input where each case gets a clear message and exit code 2 (runtime cases in a subprocess, so a
+crash would show as a failure)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import wave
+
+import numpy as np
+import pytest
+import torch
+
+from c2w_export import cli
+from c2w_export import manifest as mf
+
+RAMP = ["2", "4"]
+
+
+def c2w(*args, timeout=900):
+    """Run the real console entry in a subprocess; returns (returncode, stdout, stderr)."""
+    p = subprocess.run([sys.executable, "-m", "c2w_export", *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    return p.returncode, p.stdout, p.stderr
+
+
+@pytest.fixture(scope="session")
+def artifacts(model_dir, tmp_path_factory):
+    """torch_export artifacts, both variants, ramp 2 4: built once by the CLI."""
+    out = tmp_path_factory.mktemp("artifacts") / "pt2"
+    rc = cli.main(["export", "--model", model_dir, "--out-dir", str(out), "--ramp", *RAMP,
+                   "--backend", "torch_export", "--variant", "both"])
+    assert rc == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def et_artifacts(model_dir, tmp_path_factory):
+    """XNNPACK, one multi-method .pte holding both variants at chunk 2, with bundled vectors."""
+    out = tmp_path_factory.mktemp("artifacts") / "pte"
+    rc, so, se = c2w("export", "--model", model_dir, "--out-dir", out, "--ramp", "2", "--variant", "both",
+                     "--multi-method", "--bundle")
+    assert rc == 0, se
+    assert "[1/2] executorch_xnnpack chunk_2 (chunk 2)" in so and " MB, " in so, so  # progress per program
+    return out
+
+
+@pytest.fixture
+def copy_of(tmp_path):
+    def make(src):
+        dst = tmp_path / src.name
+        shutil.copytree(src, dst)
+        return dst
+    return make
+
+
+# ---------------------------------------------------------------- the happy path
+def test_manifest_v1_contents(artifacts, decoder):
+    m = mf.load(artifacts)
+    assert m["format_version"] == 1
+    assert m["decode"] == {"variants": ["windowed", "stateful"], "ramp": [2, 4], "context_frames": 72, "hop": 1920,
+                           "sample_rate": 24000, "num_quantizers": 16, "codebook_size": 2048}
+    assert m["model"]["config_sha256"] == decoder.config.canonical_sha256()
+    assert [p["method"] for p in m["programs"]] == ["chunk_2", "chunk_4", "stateful_chunk_2", "stateful_chunk_4"]
+    for p in m["programs"]:
+        assert not os.path.isabs(p["path"]) and (artifacts / p["path"]).is_file()
+        assert p["verified"] is True and p["backend"] == "torch_export"
+        assert p["parity"]["windows"] >= 3 and p["parity"]["streams"] >= 1
+        assert p["parity"]["max_abs"] <= p["tolerance"]["max_abs"]
+    stateful = m["programs"][2]
+    assert [s["name"] for s in stateful["inputs"]][:2] == ["codes", "pos"]
+    assert [s["name"] for s in m["state"]] == [s["name"] for s in stateful["inputs"][1:]]
+
+
+def test_verify_passes_with_table_and_json(artifacts):
+    rc, so, se = c2w("verify", "--artifacts", artifacts)
+    assert rc == 0, so + se
+    assert "verify: PASS" in so and "stream" in so and "stateful_chunk_4" in so
+    rc, so, se = c2w("verify", "--artifacts", artifacts, "--json")
+    assert rc == 0
+    result = json.loads(so)
+    assert result["passed"] and {r["check"] for r in result["rows"]} >= {"hashes", "model", "windows", "stream"}
+
+
+def test_verify_runs_bundled_vectors(et_artifacts):
+    rc, so, se = c2w("verify", "--artifacts", et_artifacts)
+    assert rc == 0, so + se
+    assert so.count("via bundled API") == 2, so
+
+
+def test_multi_method_file_holds_every_method(et_artifacts):
+    from executorch.runtime import Runtime
+
+    m = mf.load(et_artifacts)
+    assert {p["path"] for p in m["programs"]} == {"code2wav.pte"}
+    assert set(Runtime.get().load_program(str(et_artifacts / "code2wav.pte")).method_names) == {"chunk_2", "stateful_chunk_2"}
+
+
+@pytest.mark.parametrize("variant", ["stateful", "windowed"])
+def test_decode_writes_wav_and_reports(artifacts, tmp_path, variant):
+    codes = np.random.default_rng(0).integers(0, 2048, size=(16, 11), dtype=np.int64)
+    np.save(tmp_path / "codes.npy", codes)
+    rc, so, se = c2w("decode", "--artifacts", artifacts, "--codes", tmp_path / "codes.npy", "--out",
+                     tmp_path / "out.wav", "--variant", variant, "--check")
+    assert rc == 0, se
+    assert "real-time factor" in so and "first chunk" in so and "check vs offline eager decode" in so
+    with wave.open(str(tmp_path / "out.wav")) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getnframes()) == (24000, 1, 11 * 1920)
+
+
+def test_decode_stateful_check_is_exact(artifacts, tmp_path):
+    torch.save(torch.randint(0, 2048, (1, 16, 9)), tmp_path / "codes.pt")
+    rc, so, se = c2w("decode", "--artifacts", artifacts, "--codes", tmp_path / "codes.pt", "--out", tmp_path / "o.wav", "--check")
+    assert rc == 0, se
+    max_abs = float(so.split("check vs offline eager decode: max_abs=")[1].split()[0])
+    assert max_abs < 3e-5
+
+
+# ---------------------------------------------------------------- bad input: exit 2, one clear line
+def _codes_file(tmp_path, arr, name="codes.npy"):
+    path = tmp_path / name
+    if name.endswith(".npy"):
+        np.save(path, arr)
+    else:
+        path.write_bytes(b"")
+    return path
+
+
+BAD_CODES = [
+    ("out-of-range", lambda: np.full((16, 5), 2048, np.int64), "must lie in [0, 2048)"),
+    ("negative", lambda: np.full((16, 5), -1, np.int64), "found -1"),
+    ("float-dtype", lambda: np.zeros((16, 5), np.float32), "must be int64, got float32"),
+    ("int32-dtype", lambda: np.zeros((16, 5), np.int32), "must be int64, got int32"),
+    ("wrong-q", lambda: np.zeros((8, 5), np.int64), "Q=16"),
+    ("zero-t", lambda: np.zeros((16, 0), np.int64), "T >= 1"),
+    ("1d", lambda: np.zeros((16,), np.int64), "must have shape [Q, T]"),
+    ("empty-file", None, "codes file is empty"),
+]
+
+
+@pytest.mark.parametrize("make,message", [c[1:] for c in BAD_CODES], ids=[c[0] for c in BAD_CODES])
+def test_decode_bad_codes(artifacts, tmp_path, make, message):
+    path = _codes_file(tmp_path, make() if make else None, "codes.npy" if make else "empty.npy")
+    if not make:
+        path.write_bytes(b"")
+    rc, so, se = c2w("decode", "--artifacts", artifacts, "--codes", path, "--out", tmp_path / "o.wav")
+    assert rc == 2, (so, se)
+    assert message in se and "Traceback" not in se
+    assert not (tmp_path / "o.wav").exists()
+
+
+def _truncate(p):
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def _flip(p):
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    p.write_bytes(bytes(data))
+
+
+def _manifest_edit(edit):
+    def apply(root):
+        path = root / "manifest.json"
+        m = json.loads(path.read_text())
+        edit(m)
+        path.write_text(json.dumps(m))
+    return apply
+
+
+BAD_ARTIFACTS = [
+    ("truncated-pte", lambda r: _truncate(r / "code2wav.pte"), "truncated or replaced"),
+    ("flipped-byte", lambda r: _flip(r / "code2wav.pte"), "sha256 mismatch"),
+    ("missing-file", lambda r: (r / "code2wav.pte").unlink(), "missing artifact file code2wav.pte"),
+    ("missing-field", _manifest_edit(lambda m: m["decode"].pop("hop")), "missing required field 'hop'"),
+    ("wrong-type", _manifest_edit(lambda m: m["programs"][0].__setitem__("chunk", "2")), "chunk must be int"),
+    ("format-version", _manifest_edit(lambda m: m.__setitem__("format_version", 2)), "unknown format_version 2"),
+    ("no-manifest", lambda r: (r / "manifest.json").unlink(), "no manifest.json"),
+    ("not-json", lambda r: (r / "manifest.json").write_text("{"), "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("damage,message", [c[1:] for c in BAD_ARTIFACTS], ids=[c[0] for c in BAD_ARTIFACTS])
+def test_verify_and_decode_reject_damaged_artifacts(et_artifacts, copy_of, tmp_path, damage, message):
+    root = copy_of(et_artifacts)
+    damage(root)
+    rc, so, se = c2w("verify", "--artifacts", root)
+    assert rc == 2, (so, se)
+    assert message in se and "Traceback" not in se
+    np.save(tmp_path / "c.npy", np.zeros((16, 3), np.int64))
+    rc, so, se = c2w("decode", "--artifacts", root, "--codes", tmp_path / "c.npy", "--out", tmp_path / "o.wav")
+    assert rc == 2 and message in se
+
+
+STATE_SCRIPT = """
+import sys, torch
+from c2w_export.artifacts import open_artifacts
+from c2w_export.validate import InputError
+art = open_artifacts(sys.argv[1])
+state = list(art.initial_state())
+state[3] = state[3].clone().fill_(float(sys.argv[2]))
+try:
+    art.runner().run("stateful_chunk_2", (torch.zeros(1, 16, 2, dtype=torch.int64), *state))
+except InputError as e:
+    print("InputError:", e)
+    sys.exit(2)
+"""
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_nonfinite_state_is_reported_not_crashed(et_artifacts, value):
+    p = subprocess.run([sys.executable, "-c", STATE_SCRIPT, str(et_artifacts), value], capture_output=True, text=True)
+    assert p.returncode == 2, (p.stdout, p.stderr)  # a crash would be a negative (signal) code
+    assert "non-finite value" in p.stdout
+
+
+def _damage_ckpt(root, kind):
+    from safetensors.torch import load_file, save_file
+
+    w = root / "speech_tokenizer" / "model.safetensors"
+    if kind == "truncated":
+        _truncate(w)
+    elif kind == "config":
+        (root / "speech_tokenizer" / "config.json").write_text("{")
+    else:
+        t = load_file(w)
+        if kind == "missing":
+            t.pop("decoder.pre_conv.conv.bias")
+        else:
+            t["decoder.extra.weight"] = torch.zeros(1)
+        save_file(t, w)
+
+
+@pytest.mark.parametrize("kind,message", [("truncated", "truncated or not a safetensors"), ("config", "not valid JSON"),
+                                          ("missing", "missing keys"), ("extra", "unexpected keys")],
+                         ids=["truncated-safetensors", "broken-config", "missing-keys", "extra-keys"])
+def test_bad_checkpoint_exits_2(model_dir, copy_of, tmp_path, artifacts, kind, message):
+    from pathlib import Path
+
+    root = copy_of(Path(model_dir))
+    _damage_ckpt(root, kind)
+    rc, so, se = c2w("export", "--model", root, "--out-dir", tmp_path / "out", "--backend", "torch_export", "--ramp", "2")
+    assert rc == 2 and message in se and "Traceback" not in se, se
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    rc, so, se = c2w("verify", "--artifacts", artifacts, "--model", root)
+    assert rc == 2 and message in se
+
+
+def test_usage_errors_exit_2(tmp_path):
+    rc, so, se = c2w("export", "--model", tmp_path, "--out-dir", tmp_path / "o", "--ramp", "0")
+    assert rc == 2 and "ramp must hold positive chunk sizes" in se
+    rc, so, se = c2w("verify", "--artifacts", tmp_path / "nope")
+    assert rc == 2 and "artifacts directory not found" in se
+
+
+# ---------------------------------------------------------------- failures ship nothing
+def test_verify_parity_failure_exits_1(artifacts, tmp_path):
+    other = tmp_path / "other"
+    assert cli.main(["synth", "--preset", "tiny", "--seed", "1", "--out", str(other)]) == 0
+    rc, so, se = c2w("verify", "--artifacts", artifacts, "--model", other)
+    assert rc == 1, so + se
+    assert "different checkpoint" in so and "over tolerance" in so and "FAIL" in so
+
+
+def test_over_tolerance_is_not_shipped(model_dir, tmp_path, monkeypatch, capsys):
+    import c2w_export.pipeline as pl
+    from c2w_export.tolerances import Tolerance
+
+    monkeypatch.setattr(pl, "tolerance", lambda flow: Tolerance(-1.0, 1e9, "impossible, for this test"))
+    rc = cli.main(["export", "--model", model_dir, "--out-dir", str(tmp_path), "--backend", "torch_export", "--ramp", "2"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "not shipped" in err and "torch_export chunk_2" in err and "max_abs=" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failure_halfway_leaves_nothing(model_dir, tmp_path, monkeypatch, capsys):
+    import c2w_export.pipeline as pl
+    from c2w_export.flows import FlowError
+
+    calls = {"n": 0}
+    real = pl.lower_stage
+
+    def flaky(flow, eps):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise FlowError("stage 'lower' failed: injected")
+        return real(flow, eps)
+
+    monkeypatch.setattr(pl, "lower_stage", flaky)
+    rc = cli.main(["export", "--model", model_dir, "--out-dir", str(tmp_path), "--backend", "torch_export", "--ramp", "2", "4"])
+    assert rc == 2 and "injected" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [], "partial artifacts left behind"
