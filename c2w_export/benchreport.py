@@ -1,0 +1,162 @@
+"""Turn a pytest-benchmark run plus our sidecar fields into reports/bench.json, bench.md, PNG
+plots and index.md. Usage: python -m c2w_export.benchreport --raw RAW.json --out reports/"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+from pathlib import Path
+
+from .manifest import versions
+
+
+def _fmt(x, spec=".3g"):
+    return "-" if x is None else format(x, spec)
+
+
+def _calls(raw: dict) -> list[dict]:
+    rows = []
+    for b in raw.get("benchmarks", []):
+        e, s = b.get("extra_info", {}), b["stats"]
+        rows.append({**e, "name": b["name"], "group": b.get("group"), "median_s": s["median"], "iqr_s": s["iqr"],
+                     "min_s": s["min"], "rounds": s["rounds"]})
+    return rows
+
+
+def build_report(raw: dict, extra: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    calls = _calls(raw)
+    v = versions()
+    machine = raw.get("machine_info", {})
+    (out / "bench.json").write_text(json.dumps({"pytest_benchmark": raw, "c2w_export": extra}, indent=2))
+    hop_s = 1920 / 24000
+    lines = [f"# Benchmarks ({extra.get('config')} config)", "",
+             f"Machine: {machine.get('cpu', {}).get('brand_raw', platform.processor() or platform.machine())}, "
+             f"{machine.get('cpu', {}).get('count', '?')} cores, {platform.system()} {platform.release()}. "
+             f"torch {v['torch']}, executorch {v['executorch']}, c2w_export {v['c2w_export']}, Python {v['python']}. "
+             f"Ramp {extra.get('ramp')}, context {extra.get('context')}.", "",
+             "Absolute times drift on a shared 2-core machine; compare the ratios within this run.", "",
+             "## Latency per call", "",
+             "| flow | variant | chunk | median ms | IQR ms | RTF per call | GFLOP/s (eager) | bytes | export s | lower s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    flops = {(f["variant"], f["chunk"]): f for f in extra.get("flops", [])}
+    progs = {(p["flow"], p["variant"], p["chunk"]): p for p in extra.get("programs", [])}
+    for c in sorted((c for c in calls if c.get("kind") == "call"), key=lambda c: (c["flow"], c["variant"], c["chunk"])):
+        f = flops.get((c["variant"], c["chunk"]))
+        p = progs.get((c["flow"], c["variant"], c["chunk"]), {})
+        gflops = f["gflop_per_call"] / c["median_s"] if f else None
+        lines.append(f"| {c['flow']} | {c['variant']} | {c['chunk']} | {c['median_s'] * 1e3:.2f} | {c['iqr_s'] * 1e3:.2f} | "
+                     f"{c['median_s'] / (c['chunk'] * hop_s):.3f} | {_fmt(gflops)} | {p.get('bytes', '-')} | "
+                     f"{_fmt(p.get('export_s'), '.1f')} | {_fmt(p.get('lower_s'), '.1f')} |")
+    lines += ["", "## Streams (20 s of audio, ramp schedule)", "",
+              "| flow | variant | RTF (compute/audio) | first audio ms | chunks |", "|---|---|---|---|---|"]
+    streams = extra.get("streams", [])
+    for s in sorted(streams, key=lambda s: (s["flow"], s["variant"])):
+        lines.append(f"| {s['flow']} | {s['variant']} | {s['rtf']:.4f} | {s['first_audio_s'] * 1e3:.1f} | {s['chunks']} |")
+    by = {(s["flow"], s["variant"]): s["rtf"] for s in streams}
+    ratios = []
+    for flow in sorted({s["flow"] for s in streams}):
+        if (flow, "windowed") in by and (flow, "stateful") in by:
+            ratios.append(f"- {flow}: windowed / stateful RTF = {by[(flow, 'windowed')] / by[(flow, 'stateful')]:.2f}x")
+    for variant in ("windowed", "stateful"):
+        if ("eager", variant) in by:
+            for flow in sorted({s["flow"] for s in streams} - {"eager"}):
+                if (flow, variant) in by:
+                    ratios.append(f"- {variant}: eager / {flow} RTF = {by[('eager', variant)] / by[(flow, variant)]:.2f}x (>1: {flow} faster)")
+    lines += ["", "Ratios within this run:", "", *ratios]
+    lines += ["", "## FLOPs per second of audio (FlopCounterMode)", "",
+              f"Offline decode: {_fmt(extra.get('offline_gflop_per_audio_s'))} GFLOP per second of audio.", "",
+              "| variant | chunk | GFLOP / audio s | x offline | achieved GFLOP/s (eager) |", "|---|---|---|---|---|"]
+    off = extra.get("offline_gflop_per_audio_s") or math.nan
+    for f in sorted(extra.get("flops", []), key=lambda f: (f["variant"], f["chunk"])):
+        lines.append(f"| {f['variant']} | {f['chunk']} | {f['gflop_per_audio_s']:.3g} | {f['gflop_per_audio_s'] / off:.2f} | "
+                     f"{f['achieved_gflop_s']:.3g} |")
+    lines += ["", "## Peak RSS (fresh process per artifact)", "", "| flow | variant | chunk | base MB | after load MB | while running MB |",
+              "|---|---|---|---|---|---|"]
+    for r in sorted(extra.get("rss", []), key=lambda r: (r["flow"], r["variant"])):
+        lines.append(f"| {r['flow']} | {r['variant']} | {r['chunk']} | {r['base_kb'] / 1024:.0f} | {r['load_kb'] / 1024:.0f} | {r['run_kb'] / 1024:.0f} |")
+    lines += ["", "## Windowed context study (eager windowed stream vs offline)", "",
+              "Warm-up frames (history < context) are left-padded with code 0; 'steady' excludes the first 144 frames.", "",
+              "| left context | SNR dB | max abs | steady SNR dB | steady max abs |", "|---|---|---|---|---|"]
+    for r in extra.get("context_study", []):
+        lines.append(f"| {r['context']} | {_fmt(r['snr_db'], '.1f') if r['snr_db'] is not None else 'inf'} | {r['max_abs']:.3g} | "
+                     f"{_fmt(r['steady_snr_db'], '.1f') if r['steady_snr_db'] is not None else 'inf'} | {r['steady_max_abs']:.3g} |")
+    lines += ["", "Plots: [latency by chunk](latency_by_chunk.png), [RTF](rtf.png), [context study](context_snr.png)."]
+    (out / "bench.md").write_text("\n".join(lines) + "\n")
+    _plots(calls, extra, out)
+    _index(out, extra, v)
+
+
+def _plots(calls, extra, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    series: dict = {}
+    for c in calls:
+        if c.get("kind") == "call":
+            series.setdefault((c["flow"], c["variant"]), []).append((c["chunk"], c["median_s"] * 1e3))
+    for (flow, variant), pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ls="-" if variant == "stateful" else "--",
+                label=f"{flow} {variant}")
+    ax.set(xlabel="chunk (frames)", ylabel="median latency per call (ms)", title="Latency by chunk size", yscale="log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "latency_by_chunk.png", dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    streams = sorted(extra.get("streams", []), key=lambda s: (s["flow"], s["variant"]))
+    ax.bar([f"{s['flow']}\n{s['variant']}" for s in streams], [s["rtf"] for s in streams],
+           color=["tab:blue" if s["variant"] == "stateful" else "tab:orange" for s in streams])
+    ax.set(ylabel="RTF (compute / audio)", title="Real-time factor, 20 s stream")
+    ax.tick_params(axis="x", labelsize=6)
+    fig.tight_layout()
+    fig.savefig(out / "rtf.png", dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    study = extra.get("context_study", [])
+    cap = 150.0  # identical streams have infinite SNR; drawn at the cap
+    ax.plot([r["context"] for r in study], [r["snr_db"] if r["snr_db"] is not None else cap for r in study], marker="o", label="whole stream")
+    ax.plot([r["context"] for r in study], [r["steady_snr_db"] if r["steady_snr_db"] is not None else cap for r in study],
+            marker="s", label="steady state")
+    ax.set(xlabel="left context (frames)", ylabel="SNR vs offline (dB)", title="Windowed streaming: SNR against left context")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "context_snr.png", dpi=100)
+    plt.close(fig)
+
+
+def _index(out: Path, extra: dict, v: dict) -> None:
+    links = [("parity.md", "parity summary (tox -e parity)"), ("numerics.md", "numerics per flow and chunk (tox -e parity)"),
+             ("bench.md", "benchmarks (tox -e bench)"), ("bench.json", "raw pytest-benchmark JSON plus our fields"),
+             ("latency_by_chunk.png", "plot: latency by chunk"), ("rtf.png", "plot: RTF per flow and variant"),
+             ("context_snr.png", "plot: windowed SNR against left context")]
+    lines = ["# Reports", "",
+             f"Last bench run: config {extra.get('config')}, ramp {extra.get('ramp')}, context {extra.get('context')}; "
+             f"torch {v['torch']}, executorch {v['executorch']}, c2w_export {v['c2w_export']}, Python {v['python']}.", ""]
+    lines += [f"- [{name}]({name}): {what}" + ("" if (out / name).exists() else " (not generated yet)") for name, what in links]
+    (out / "index.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m c2w_export.benchreport")
+    p.add_argument("--raw", type=Path, required=True)
+    p.add_argument("--extra", type=Path, default=None)
+    p.add_argument("--out", type=Path, default=Path("reports"))
+    a = p.parse_args(argv)
+    raw = json.loads(a.raw.read_text())
+    extra = json.loads((a.extra or a.out / "bench-extra.json").read_text())
+    build_report(raw, extra, a.out)
+    print(f"wrote {a.out}/bench.md, bench.json, PNG plots and index.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,133 @@
+"""Benchmarks per flow, variant and chunk (tox -e bench). One benchmarked call per test; our
+numbers (RTF, first audio, FLOPs, RSS, export time, bytes, the context study) go to
+reports/bench-extra.json and then into reports/bench.md by `python -m c2w_export.benchreport`."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from c2w_export.compare import compare
+from c2w_export.flops import flops_per_audio_second, offline_flops_per_audio_second
+from c2w_export.flows import EagerLoaded
+from c2w_export.runner import method_name
+from c2w_export.streaming import stream_stateful, stream_windowed
+from c2w_export.variants import Stateful, example_inputs, make_variant
+
+pytestmark = pytest.mark.bench
+VARIANTS = ("windowed", "stateful")
+STREAM_SECONDS = 20
+CONTEXTS = (0, 8, 25, 48, 72, 144)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_call_latency(benchmark, programs, flow_name, variant, chunk, decoder, bench_extra):
+    """Latency of one call of one chunk program."""
+    results, _ = programs.get(flow_name, variant)
+    r = results[method_name(variant, chunk)]
+    run = programs.runner(flow_name, variant).run
+    inputs = example_inputs(r.module)
+    benchmark.group = f"{variant}-chunk{chunk}"
+    benchmark.extra_info.update({"flow": flow_name, "variant": variant, "chunk": chunk, "kind": "call"})
+    benchmark.pedantic(run, args=(r.spec.method, inputs), rounds=5, iterations=1, warmup_rounds=1)
+    if flow_name != "eager" and not any(p["flow"] == flow_name and p["method"] == r.spec.method for p in bench_extra["programs"]):
+        bench_extra["programs"].append({"flow": flow_name, "variant": variant, "chunk": chunk, "method": r.spec.method,
+                                        "bytes": r.bytes, **{f"{k}_s": v for k, v in r.seconds.items()}})
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_stream_rtf(benchmark, programs, flow_name, variant, ramp, context, decoder, bench_extra):
+    """A 20 s stream under the ramp schedule: real-time factor and first-audio latency."""
+    cfg = decoder.config
+    frames = STREAM_SECONDS * cfg.output_sample_rate // cfg.hop
+    codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, frames), generator=torch.Generator().manual_seed(0))
+    run = programs.runner(flow_name, variant).run
+    if variant == "stateful":
+        init = Stateful(decoder, ramp[0]).initial_state()
+        go = lambda: stream_stateful(run, init, codes, cfg.hop, ramp)
+    else:
+        go = lambda: stream_windowed(run, codes, cfg.hop, context, ramp)
+    benchmark.group = f"stream-{variant}"
+    benchmark.extra_info.update({"flow": flow_name, "variant": variant, "kind": "stream"})
+    res = benchmark.pedantic(go, rounds=2, iterations=1, warmup_rounds=0)
+    rtf = res.real_time_factor(cfg.output_sample_rate)
+    benchmark.extra_info.update({"rtf": rtf, "first_audio_s": res.first_chunk_seconds})
+    bench_extra["streams"].append({"flow": flow_name, "variant": variant, "frames": frames, "rtf": rtf,
+                                   "first_audio_s": res.first_chunk_seconds, "chunks": len(res.steps)})
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_flops(benchmark, decoder, variant, chunk, context, bench_extra):
+    """FLOPs per second of audio (FlopCounterMode); the benchmarked call is the eager call, so
+    achieved GFLOP/s = FLOPs / latency."""
+    module = make_variant(decoder, variant, chunk, context)
+    fps = flops_per_audio_second(module)
+    if bench_extra["offline_gflop_per_audio_s"] is None:
+        bench_extra["offline_gflop_per_audio_s"] = offline_flops_per_audio_second(decoder) / 1e9
+    inputs = example_inputs(module)
+    benchmark.group = f"flops-{variant}"
+    benchmark.extra_info.update({"flow": "eager", "variant": variant, "chunk": chunk, "kind": "flops"})
+    with torch.no_grad():
+        benchmark.pedantic(module, args=inputs, rounds=3, iterations=1, warmup_rounds=1)
+    call_flops = fps * chunk * decoder.config.hop / decoder.config.output_sample_rate
+    bench_extra["flops"].append({"variant": variant, "chunk": chunk, "gflop_per_audio_s": fps / 1e9,
+                                 "gflop_per_call": call_flops / 1e9,
+                                 "achieved_gflop_s": call_flops / 1e9 / benchmark.stats.stats.median})
+
+
+RSS_SCRIPT = """
+import json, resource, sys, torch
+from c2w_export.flows import get_flow, load
+flow, path, method = sys.argv[1], sys.argv[2], sys.argv[3]
+inputs = torch.load(sys.argv[4])
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+loaded = load(get_flow(flow), {method: __import__("pathlib").Path(path)})
+after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for _ in range(3):
+    loaded.run(method, inputs)
+after_run = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"base_kb": base, "load_kb": after_load, "run_kb": after_run}))
+"""
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_peak_rss(benchmark, programs, flow_name, variant, ramp, tmp_path, bench_extra):
+    """Peak RSS after loading each artifact and while running it, in a fresh process."""
+    if flow_name == "eager":
+        pytest.skip("eager has no artifact to load")
+    results, _ = programs.get(flow_name, variant)
+    r = results[method_name(variant, ramp[-1])]
+    torch.save(list(example_inputs(r.module)), tmp_path / "inputs.pt")
+    args = [sys.executable, "-c", RSS_SCRIPT, flow_name, str(r.path), r.spec.method, str(tmp_path / "inputs.pt")]
+    benchmark.group = "rss"
+    benchmark.extra_info.update({"flow": flow_name, "variant": variant, "kind": "rss"})
+    out = benchmark.pedantic(lambda: subprocess.run(args, capture_output=True, text=True, check=True), rounds=1, iterations=1)
+    rss = json.loads(out.stdout.strip().splitlines()[-1])
+    bench_extra["rss"].append({"flow": flow_name, "variant": variant, "chunk": ramp[-1], **rss})
+
+
+def test_context_study(benchmark, decoder, ramp, bench_extra):
+    """Windowed stream vs offline for left context in {0, 8, 25, 48, 72, 144}."""
+    cfg = decoder.config
+    frames = 2 * max(CONTEXTS) + 30
+    codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, frames), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        offline = decoder(codes)[:, 0]
+
+    def study():
+        rows = []
+        for ctx in CONTEXTS:
+            run = EagerLoaded({method_name("windowed", c): make_variant(decoder, "windowed", c, ctx) for c in ramp}).run
+            wav = stream_windowed(run, codes, cfg.hop, ctx, ramp).wav
+            start = max(CONTEXTS) * cfg.hop  # steady state: past every context's warm-up
+            d_all, d_steady = compare(wav, offline), compare(wav[:, start:], offline[:, start:])
+            rows.append({"context": ctx, "snr_db": d_all.snr_db, "max_abs": d_all.max_abs,
+                         "steady_snr_db": d_steady.snr_db, "steady_max_abs": d_steady.max_abs})
+        return rows
+
+    benchmark.group = "context-study"
+    with torch.no_grad():
+        rows = benchmark.pedantic(study, rounds=1, iterations=1)
+    bench_extra["context_study"] = [{k: (None if isinstance(v, float) and v == float("inf") else v) for k, v in r.items()} for r in rows]
