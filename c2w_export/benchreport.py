@@ -73,7 +73,7 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
     for f in sorted(extra.get("flops", []), key=lambda f: (f["variant"], f["chunk"])):
         lines.append(f"| {f['variant']} | {f['chunk']} | {f['gflop_per_audio_s']:.3g} | {f['gflop_per_audio_s'] / off:.2f} | "
                      f"{f['achieved_gflop_s']:.3g} |")
-    lines += ["", "## Peak RSS (fresh process per artifact)", "", "| flow | variant | chunk | base MB | after load MB | while running MB |",
+    lines += ["", "## Memory (fresh process per artifact)", "", "Base: RSS with torch/executorch imported; after load: RSS with the artifact loaded; peak: VmHWM after 3 calls.", "", "| flow | variant | chunk | base RSS MB | RSS after load MB | peak RSS running MB |",
               "|---|---|---|---|---|---|"]
     for r in sorted(extra.get("rss", []), key=lambda r: (r["flow"], r["variant"])):
         lines.append(f"| {r['flow']} | {r['variant']} | {r['chunk']} | {r['base_kb'] / 1024:.0f} | {r['load_kb'] / 1024:.0f} | {r['run_kb'] / 1024:.0f} |")

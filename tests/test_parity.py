@@ -155,3 +155,22 @@ def test_loaded_program_rejects_bad_input(programs, flow_name, ramp, decoder, co
     codes = _window(decoder, context + ramp[0], 0).index_fill(2, torch.tensor([0]), 99999)
     with pytest.raises(InputError, match="found 99999"):
         run(method_name("windowed", ramp[0]), (codes,))
+
+
+def test_multi_method_pte_shares_weights(programs, decoder, ramp, context, pytestconfig):
+    """One .pte with every ramp chunk as a method is at most 1.05x a single-method file:
+    XNNPACK shares the weights across methods."""
+    if "executorch_xnnpack" not in pytestconfig.getoption("--backends").split(","):
+        pytest.skip("executorch_xnnpack not in --backends")
+    from c2w_export.flows import export_stage, get_flow, lower_stage
+    from c2w_export.variants import example_inputs
+
+    results, _ = programs.get("executorch_xnnpack", "windowed")
+    multi = next(iter(results.values())).path
+    assert {r.path for r in results.values()} == {multi} and len(results) == len(ramp)
+    single_module = make_variant(decoder, "windowed", ramp[0], context)
+    eps = export_stage({"chunk": single_module}, {"chunk": example_inputs(single_module)})
+    single = len(lower_stage(get_flow("executorch_xnnpack"), eps))
+    ratio = multi.stat().st_size / single
+    print(f"{len(ramp)}-method .pte {multi.stat().st_size} bytes vs single-method {single} bytes: {ratio:.3f}x")
+    assert ratio <= 1.05, f"multi-method file is {ratio:.2f}x a single-method file: weights are not shared"
