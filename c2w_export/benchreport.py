@@ -137,7 +137,8 @@ def _index(out: Path, extra: dict, v: dict) -> None:
     links = [("parity.md", "parity summary (tox -e parity)"), ("numerics.md", "numerics per flow and chunk (tox -e parity)"),
              ("bench.md", "benchmarks (tox -e bench)"), ("bench.json", "raw pytest-benchmark JSON plus our fields"),
              ("latency_by_chunk.png", "plot: latency by chunk"), ("rtf.png", "plot: RTF per flow and variant"),
-             ("context_snr.png", "plot: windowed SNR against left context")]
+             ("context_snr.png", "plot: windowed SNR against left context"),
+             ("real/bench.md", "real-size benchmarks (tox -e bench-real)"), ("numerics-real.md", "real-size numerics (tox -e real)")]
     lines = ["# Reports", "",
              f"Last bench run: config {extra.get('config')}, ramp {extra.get('ramp')}, context {extra.get('context')}; "
              f"torch {v['torch']}, executorch {v['executorch']}, c2w_export {v['c2w_export']}, Python {v['python']}.", ""]

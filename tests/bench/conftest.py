@@ -1,11 +1,13 @@
 """Benchmark session: our own fields beside pytest-benchmark's, written to reports/bench-extra.json."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-REPORTS = Path(__file__).resolve().parents[2] / "reports"
+# tox -e bench-real points this at reports/real so the tiny reports stay beside it.
+REPORTS = Path(os.environ.get("C2W_REPORTS", Path(__file__).resolve().parents[2] / "reports"))
 
 
 @pytest.fixture(scope="session")
