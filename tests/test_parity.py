@@ -157,20 +157,30 @@ def test_loaded_program_rejects_bad_input(programs, flow_name, ramp, decoder, co
         run(method_name("windowed", ramp[0]), (codes,))
 
 
+def _weight_bytes(decoder) -> int:
+    return sum(p.numel() * p.element_size() for p in decoder.parameters())
+
+
 def test_multi_method_pte_shares_weights(programs, decoder, ramp, context, pytestconfig):
-    """One .pte with every ramp chunk as a method is at most 1.05x a single-method file:
-    XNNPACK shares the weights across methods."""
+    """One .pte holding every ramp chunk as a method carries the weights once.
+
+    On the tiny config the per-method XNNPACK graph (~0.2 MB) is not small next to the weights
+    (~1.7 MB), so the 1.05x-of-single bound is checked at real size (test_real.py); here: the
+    extra bytes per added method are graph, not another copy of the weights."""
     if "executorch_xnnpack" not in pytestconfig.getoption("--backends").split(","):
         pytest.skip("executorch_xnnpack not in --backends")
     from c2w_export.flows import export_stage, get_flow, lower_stage
     from c2w_export.variants import example_inputs
 
     results, _ = programs.get("executorch_xnnpack", "windowed")
-    multi = next(iter(results.values())).path
-    assert {r.path for r in results.values()} == {multi} and len(results) == len(ramp)
+    multi_path = next(iter(results.values())).path
+    assert {r.path for r in results.values()} == {multi_path} and len(results) == len(ramp)
     single_module = make_variant(decoder, "windowed", ramp[0], context)
     eps = export_stage({"chunk": single_module}, {"chunk": example_inputs(single_module)})
-    single = len(lower_stage(get_flow("executorch_xnnpack"), eps))
-    ratio = multi.stat().st_size / single
-    print(f"{len(ramp)}-method .pte {multi.stat().st_size} bytes vs single-method {single} bytes: {ratio:.3f}x")
-    assert ratio <= 1.05, f"multi-method file is {ratio:.2f}x a single-method file: weights are not shared"
+    single, multi, weights = len(lower_stage(get_flow("executorch_xnnpack"), eps)), multi_path.stat().st_size, _weight_bytes(decoder)
+    per_method_graph = single - weights
+    extra_per_method = (multi - single) / max(len(ramp) - 1, 1)
+    print(f"{len(ramp)}-method .pte {multi} B, single {single} B ({multi / single:.2f}x), weights {weights} B, "
+          f"extra per method {extra_per_method:.0f} B vs single-method graph {per_method_graph} B")
+    assert multi < single + 0.5 * weights, "a second copy of the weights is in the multi-method file"
+    assert extra_per_method <= 1.1 * per_method_graph

@@ -77,3 +77,14 @@ def test_real_windowed_stream_vs_offline(real_decoder, real_programs, context, c
     whole, steady = compare(got, ref), compare(got[:, context * hop:], ref[:, context * hop:])
     print(f"real windowed stream chunk {chunks[0]} vs offline: whole {whole.describe()}; steady {steady.describe()}")
     assert steady.snr_db >= WINDOWED_STREAM_FLOOR_DB["real"], steady.describe()
+
+
+def test_real_multi_method_file_shares_weights(real_decoder, real_programs):
+    """At real size the weights dominate: a multi-method .pte is <= 1.05x a single-method file.
+    A single-method file holds at least the weights, so multi <= 1.05 x weight bytes suffices."""
+    results, _ = real_programs.get("executorch_xnnpack", "windowed")
+    path = next(iter(results.values())).path
+    weights = sum(p.numel() * p.element_size() for p in real_decoder.parameters())
+    ratio = path.stat().st_size / weights
+    print(f"real {len(results)}-method .pte {path.stat().st_size / 1e6:.1f} MB, weights {weights / 1e6:.1f} MB: {ratio:.3f}x")
+    assert ratio <= 1.05
