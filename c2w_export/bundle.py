@@ -40,8 +40,7 @@ def _cases(module) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
     return cases
 
 
-def write_bundles(flow: Flow, results: list[ProgramResult], root: Path, progress: Callable[[str], None],
-                  modules: dict | None = None) -> dict[str, dict]:
+def write_bundles(flow: Flow, results: list[ProgramResult], root: Path, progress: Callable[[str], None]) -> dict[str, dict]:
     """One .bpte per .pte file, holding a test suite for each of its methods.
     Returns {method: {"path", "sha256", "cases"}}."""
     if not flow.is_executorch:

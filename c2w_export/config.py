@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from .fileio import read_json
+
 
 class ConfigError(ValueError):
     """config.json is missing, unreadable or describes an impossible decoder."""
@@ -95,11 +97,7 @@ class DecoderConfig:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{path}: not valid JSON ({e})") from None
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(read_json(path, ConfigError), source=str(path))
 
     def to_tokenizer_dict(self) -> dict[str, Any]:
         """The tokenizer-level config.json layout this config came from."""

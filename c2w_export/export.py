@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -17,7 +16,7 @@ import torch
 
 from . import manifest as mf
 from .checkpoint import load_decoder, sha256_file
-from .compare import Diff, combine, compare
+from .compare import Diff, compare
 from .decoder import Code2Wav
 from .flows import Flow, FlowError, get_flow
 from .pipeline import ParityError, ProgramResult, build

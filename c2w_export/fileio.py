@@ -4,6 +4,7 @@ left behind, whatever fails halfway."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -25,3 +26,11 @@ def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda f: f.write(data))
+
+
+def read_json(path: Path, error: type[Exception]):
+    """Parse a JSON file; malformed content raises `error` naming the file."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{path}: not valid JSON ({e})") from None

@@ -17,10 +17,6 @@ from torch import Tensor, nn
 
 from .fileio import atomic_write
 
-STAGES = ("export", "lower", "serialize", "run")
-NEXT_STAGE = {None: "export", "export": "lower", "lower": "serialize", "serialize": "run"}
-
-
 class FlowError(RuntimeError):
     """A flow could not build, load or run a program; the message names the flow, method and stage."""
 
@@ -57,8 +53,6 @@ FLOWS: dict[str, Flow] = {
              "to_edge, no delegate (portable kernels), run by executorch.runtime"),
     )
 }
-# Export-only targets: offered, never presented as tested.
-UNVERIFIED_PARTITIONERS = ("qnn", "coreml")
 
 
 def get_flow(name: str) -> Flow:
@@ -95,16 +89,12 @@ def lower_stage(flow: Flow, programs: Mapping[str, "torch.export.ExportedProgram
         elif flow.partitioner is None:
             edge = to_edge(dict(programs))
         else:
-            edge = _unverified_lower(flow.partitioner, programs)
+            raise FlowError(f"partitioner {flow.partitioner!r} is not supported (xnnpack or none)")
         return edge.to_executorch().buffer
     except FlowError:
         raise
     except Exception as e:
         raise FlowError(f"stage 'lower' failed for flow {flow.name}: {type(e).__name__}: {e}") from e
-
-
-def _unverified_lower(partitioner: str, programs):
-    raise FlowError(f"partitioner {partitioner!r} is export-only and needs its SDK; not available here")
 
 
 def serialize_stage(flow: Flow, lowered, out_dir: Path, stem: str) -> dict[str, Path]:

@@ -11,7 +11,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from .fileio import atomic_write_bytes
+from .fileio import atomic_write_bytes, read_json
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -89,10 +89,7 @@ def load(directory: Path) -> dict:
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise ManifestError(f"no {MANIFEST} in {directory}: is this an artifacts directory from `c2w-export export`?")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ManifestError(f"{path}: not valid JSON ({e})") from None
+    data = read_json(path, ManifestError)
     if not isinstance(data, dict) or "format_version" not in data:
         raise ManifestError(f"{path}: missing required field 'format_version'")
     if data["format_version"] != FORMAT_VERSION:

@@ -14,7 +14,7 @@ from torch import Tensor
 from .codes import check_windows
 from .compare import Diff, combine, compare
 from .decoder import Code2Wav
-from .flows import EagerLoaded, Flow, FlowError, Loaded, export_stage, load, lower_stage, serialize_stage
+from .flows import EagerLoaded, Flow, Loaded, export_stage, load, lower_stage, serialize_stage
 from .runner import MethodSpec, Runner, method_name
 from .tolerances import Tolerance, tolerance
 from .variants import Stateful, make_variant

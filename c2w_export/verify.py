@@ -11,12 +11,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from .artifacts import open_artifacts
 from .checkpoint import load_decoder, sha256_file
 from .codes import check_windows
-from .compare import Diff, combine
+from .compare import Diff
 from .export import stream_check
 from .pipeline import check_method
 from .tolerances import Tolerance

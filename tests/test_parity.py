@@ -10,7 +10,7 @@ from hypothesis import given, settings
 
 from c2w_export.compare import compare
 from c2w_export.flows import EagerLoaded, Loaded
-from c2w_export.pipeline import build, check_method
+from c2w_export.pipeline import check_method
 from c2w_export.runner import Runner, method_name
 from c2w_export.tolerances import PERTURBATION, tolerance
 from c2w_export.validate import InputError
@@ -78,10 +78,6 @@ def test_eager_windowed_is_tail_of_full_decode(decoder, chunk, context):
 
 
 # ---------------------------------------------------------------- the gate can fail
-def _largest_o_proj(decoder):
-    return decoder.pre_transformer.layers[0].self_attn.o_proj.weight
-
-
 PERTURBED = [
     ("o_proj", lambda d: d.pre_transformer.layers[0].self_attn.o_proj.weight),
     ("final-conv", lambda d: d.decoder[-1].conv.weight),
