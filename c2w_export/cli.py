@@ -8,7 +8,11 @@ import sys
 import time
 from pathlib import Path
 
-EXIT_PARITY, EXIT_USAGE = 1, 2
+from .program.streaming import DEFAULT_CONTEXT, DEFAULT_RAMP
+from .ship.verify import EXIT_OK, EXIT_PARITY
+
+EXIT_USAGE = 2
+DEMO_FRAMES = 120  # 9.6 s of audio
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -23,8 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="export, check against eager, write artifacts + manifest.json")
     e.add_argument("--model", required=True, help="model directory or hub id")
     e.add_argument("--out-dir", required=True, type=Path)
-    e.add_argument("--ramp", type=int, nargs="+", default=[2, 4, 8, 16, 25])
-    e.add_argument("--context", type=int, default=72)
+    e.add_argument("--ramp", type=int, nargs="+", default=list(DEFAULT_RAMP))
+    e.add_argument("--context", type=int, default=DEFAULT_CONTEXT)
     e.add_argument("--backend", choices=["torch_export", "executorch"], default="executorch")
     e.add_argument("--partitioner", choices=["xnnpack", "portable"], default="xnnpack")
     e.add_argument("--variant", choices=["windowed", "stateful", "both"], default="windowed")
@@ -62,13 +66,13 @@ def _err(msg: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from .artifacts import ArtifactError
-    from .checkpoint import CheckpointError
-    from .config import ConfigError
-    from .flows import FlowError
-    from .manifest import ManifestError
-    from .pipeline import ParityError
-    from .validate import InputError
+    from .model.checkpoint import CheckpointError
+    from .model.config import ConfigError
+    from .model.validate import InputError
+    from .program.flows import FlowError
+    from .program.pipeline import ParityError
+    from .ship.artifacts import ArtifactError
+    from .ship.manifest import ManifestError
 
     try:
         return int(COMMANDS[args.command](args) or 0)
@@ -84,12 +88,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_synth(a) -> int:
-    from .synth import synth
+    from .model.synth import synth
 
     t = time.perf_counter()
     root = synth(a.preset, a.seed, a.out)
     print(f"wrote {a.preset} seed {a.seed} checkpoint to {root} in {time.perf_counter() - t:.1f}s")
-    return 0
+    return EXIT_OK
 
 
 def _variants(v: str) -> list[str]:
@@ -97,90 +101,83 @@ def _variants(v: str) -> list[str]:
 
 
 def cmd_export(a) -> int:
-    from .export import export_artifacts
+    from .ship.export import export_artifacts
 
     export_artifacts(a.model, a.out_dir, ramp=a.ramp, context=a.context, backend=a.backend,
                      partitioner=a.partitioner, variants=_variants(a.variant), multi_method=a.multi_method,
                      windows=a.windows, bundle=a.bundle, progress=lambda s: print(s, flush=True))
-    return 0
+    return EXIT_OK
 
 
-def cmd_decode(a) -> int:
+def _decode_and_report(artifacts: Path, codes_path: Path, out: Path, variant: str | None, check: bool,
+                       model: str | None) -> None:
+    """Decode a codes file through the artifacts, write the WAV, print timings (and the check)."""
     import torch
 
-    from .artifacts import ArtifactError, open_artifacts
-    from .compare import compare
-    from .streaming import stream_stateful, stream_windowed
-    from .validate import check_codes
-    from .wav import read_codes, write_wav
+    from .program.compare import compare
+    from .ship.artifacts import open_artifacts
+    from .ship.decode import decode
+    from .ship.wav import read_codes, write_wav
 
-    art = open_artifacts(a.artifacts)
-    problems = art.check_files()
-    if problems:
-        raise ArtifactError("; ".join(problems))
-    dec = art.decode
-    variant = a.variant or ("stateful" if "stateful" in dec["variants"] else "windowed")
-    if variant not in dec["variants"]:
-        raise ValueError(f"{a.artifacts} holds variant(s) {dec['variants']}, not {variant}")
-    codes = read_codes(a.codes)
-    check_codes(codes, dec["num_quantizers"], dec["codebook_size"])
-    run = art.runner().run
-    if variant == "stateful":
-        res = stream_stateful(run, art.initial_state(), codes, dec["hop"], dec["ramp"])
-    else:
-        res = stream_windowed(run, codes, dec["hop"], dec["context_frames"], dec["ramp"])
-    write_wav(a.out, res.wav, dec["sample_rate"])
-    sr = dec["sample_rate"]
-    print(f"decoded {codes.shape[-1]} frames ({res.wav.shape[-1] / sr:.2f} s) with {variant} in {len(res.steps)} chunks "
-          f"-> {a.out}")
-    print(f"real-time factor {res.real_time_factor(sr):.3f} (compute/audio), first chunk {res.first_chunk_seconds * 1e3:.1f} ms "
+    art = open_artifacts(artifacts)
+    codes = read_codes(codes_path)
+    res = decode(art, codes, variant)
+    write_wav(out, res.wav, res.sample_rate)
+    print(f"decoded {codes.shape[-1]} frames ({res.audio_seconds:.2f} s) with {res.variant} in {len(res.steps)} chunks "
+          f"-> {out}")
+    print(f"real-time factor {res.real_time_factor:.3f} (compute/audio), first chunk {res.first_chunk_seconds * 1e3:.1f} ms "
           f"({res.steps[0].frames} frames)")
-    if a.check:
-        from .checkpoint import load_decoder
+    if check:
+        from .model.checkpoint import load_decoder
 
-        decoder = load_decoder(a.model or art.manifest["model"]["id"])
+        decoder = load_decoder(model or art.manifest["model"]["id"])
         with torch.no_grad():
             ref = decoder(codes)[:, 0]
         print(f"check vs offline eager decode: {compare(res.wav, ref).describe()}")
-    return 0
+
+
+def cmd_decode(a) -> int:
+    _decode_and_report(a.artifacts, a.codes, a.out, a.variant, a.check, a.model)
+    return EXIT_OK
 
 
 def cmd_verify(a) -> int:
-    from .verify import report_json, verify
+    from .ship.verify import verify
 
     report = verify(a.artifacts, a.model, windows=a.windows, progress=(lambda s: None) if a.json else print)
     if a.json:
-        print(report_json(report))
+        print(report.to_json())
     else:
         print(report.table())
-        print("verify: PASS" if report.exit_code == 0 else "verify: FAIL")
+        print("verify: PASS" if report.exit_code == EXIT_OK else "verify: FAIL")
     return report.exit_code
 
 
 def cmd_golden(a) -> int:
-    from .golden import check_golden, update_golden
+    from .report.golden import check_golden, update_golden
 
     if a.update:
         print(update_golden(a.dir))
-        return 0
+        return EXIT_OK
     ok, text = check_golden(a.dir)
     print(text)
-    return 0 if ok else EXIT_PARITY
+    return EXIT_OK if ok else EXIT_PARITY
 
 
 def cmd_demo(a) -> int:
     import numpy as np
 
-    from .export import export_artifacts
-    from .synth import synth
-    from .verify import verify
+    from .model.synth import synth
+    from .ship.export import export_artifacts
+    from .ship.verify import verify
 
     out = a.out
     model = out / "model"
     print(f"[1/4] synthetic tiny checkpoint (seed 0) -> {model}")
     synth("tiny", 0, model)
     arts = out / "artifacts"
-    print(f"[2/4] export both variants, ramp 2 4 8 16 25, context 72 ({a.backend}) -> {arts}")
+    ramp = " ".join(map(str, DEFAULT_RAMP))
+    print(f"[2/4] export both variants, ramp {ramp}, context {DEFAULT_CONTEXT} ({a.backend}) -> {arts}")
     export_artifacts(str(model), arts, backend=a.backend, variants=["windowed", "stateful"], multi_method=a.backend == "executorch",
                      progress=lambda s: print("      " + s, flush=True))
     print(f"[3/4] verify {arts}")
@@ -188,10 +185,9 @@ def cmd_demo(a) -> int:
     print(report.table())
     codes_path = out / "codes.npy"
     rng = np.random.default_rng(0)
-    np.save(codes_path, rng.integers(0, 2048, size=(16, 120), dtype=np.int64))
-    print(f"[4/4] decode {codes_path} (120 frames = 9.6 s) -> {out / 'demo.wav'}")
-    ns = argparse.Namespace(artifacts=arts, codes=codes_path, out=out / "demo.wav", variant="stateful", check=True, model=None)
-    cmd_decode(ns)
+    np.save(codes_path, rng.integers(0, 2048, size=(16, DEMO_FRAMES), dtype=np.int64))
+    print(f"[4/4] decode {codes_path} ({DEMO_FRAMES} frames = {DEMO_FRAMES * 0.08:.1f} s) -> {out / 'demo.wav'}")
+    _decode_and_report(arts, codes_path, out / "demo.wav", "stateful", True, None)
     return report.exit_code
 
 

@@ -1,8 +1,9 @@
-"""Atomic file writes: a temp file in the same directory, then rename. No partial file is ever
-left behind, whatever fails halfway."""
+"""Files in and out: atomic writes (a temp file in the same directory, then rename, so no partial
+file is ever left behind), JSON reading with a named error, and sha256 of a file."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -34,3 +35,11 @@ def read_json(path: Path, error: type[Exception]):
         return json.loads(Path(path).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise error(f"{path}: not valid JSON ({e})") from None
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from c2w_export import cli
-from c2w_export import manifest as mf
+from c2w_export.ship import manifest as mf
+from helpers import cases
 
 RAMP = ["2", "4"]
 
@@ -140,7 +141,7 @@ BAD_CODES = [
 ]
 
 
-@pytest.mark.parametrize("make,message", [c[1:] for c in BAD_CODES], ids=[c[0] for c in BAD_CODES])
+@pytest.mark.parametrize("make,message", cases(BAD_CODES))
 def test_decode_bad_codes(artifacts, tmp_path, make, message):
     path = _codes_file(tmp_path, make() if make else None, "codes.npy" if make else "empty.npy")
     if not make:
@@ -182,7 +183,7 @@ BAD_ARTIFACTS = [
 ]
 
 
-@pytest.mark.parametrize("damage,message", [c[1:] for c in BAD_ARTIFACTS], ids=[c[0] for c in BAD_ARTIFACTS])
+@pytest.mark.parametrize("damage,message", cases(BAD_ARTIFACTS))
 def test_verify_and_decode_reject_damaged_artifacts(et_artifacts, copy_of, tmp_path, damage, message):
     root = copy_of(et_artifacts)
     damage(root)
@@ -196,13 +197,13 @@ def test_verify_and_decode_reject_damaged_artifacts(et_artifacts, copy_of, tmp_p
 
 STATE_SCRIPT = """
 import sys, torch
-from c2w_export.artifacts import open_artifacts
-from c2w_export.validate import InputError
+from c2w_export.ship.artifacts import open_artifacts
+from c2w_export.model.validate import InputError
 art = open_artifacts(sys.argv[1])
 state = list(art.initial_state())
 state[3] = state[3].clone().fill_(float(sys.argv[2]))
 try:
-    art.runner().run("stateful_chunk_2", (torch.zeros(1, 16, 2, dtype=torch.int64), *state))
+    art.programs().run("stateful_chunk_2", (torch.zeros(1, 16, 2, dtype=torch.int64), *state))
 except InputError as e:
     print("InputError:", e)
     sys.exit(2)
@@ -265,8 +266,8 @@ def test_verify_parity_failure_exits_1(artifacts, tmp_path):
 
 
 def test_over_tolerance_is_not_shipped(model_dir, tmp_path, monkeypatch, capsys):
-    import c2w_export.pipeline as pl
-    from c2w_export.tolerances import Tolerance
+    import c2w_export.program.pipeline as pl
+    from c2w_export.program.tolerances import Tolerance
 
     monkeypatch.setattr(pl, "tolerance", lambda flow: Tolerance(-1.0, 1e9, "impossible, for this test"))
     rc = cli.main(["export", "--model", model_dir, "--out-dir", str(tmp_path), "--backend", "torch_export", "--ramp", "2"])
@@ -277,19 +278,20 @@ def test_over_tolerance_is_not_shipped(model_dir, tmp_path, monkeypatch, capsys)
 
 
 def test_failure_halfway_leaves_nothing(model_dir, tmp_path, monkeypatch, capsys):
-    import c2w_export.pipeline as pl
-    from c2w_export.flows import FlowError
+    """The second program's serialize stage fails after the first program was written: nothing ships."""
+    from c2w_export.program.flows import FlowError, SerializePt2
 
     calls = {"n": 0}
-    real = pl.lower_stage
+    real = SerializePt2.run
 
-    def flaky(flow, eps):
+    def flaky(self, programs, work):
         calls["n"] += 1
         if calls["n"] == 2:
-            raise FlowError("stage 'lower' failed: injected")
-        return real(flow, eps)
+            raise FlowError("stage 'serialize' failed: injected")
+        return real(self, programs, work)
 
-    monkeypatch.setattr(pl, "lower_stage", flaky)
+    monkeypatch.setattr(SerializePt2, "run", flaky)
     rc = cli.main(["export", "--model", model_dir, "--out-dir", str(tmp_path), "--backend", "torch_export", "--ramp", "2", "4"])
     assert rc == 2 and "injected" in capsys.readouterr().err
+    assert calls["n"] == 2
     assert list(tmp_path.iterdir()) == [], "partial artifacts left behind"

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from c2w_export.config import PRESETS, ConfigError, DecoderConfig, preset
+from c2w_export.model.config import PRESETS, ConfigError, DecoderConfig, preset
+from helpers import cases
 
 
 def tokenizer_dict(**decoder_overrides):
@@ -35,7 +36,7 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("data,message", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+@pytest.mark.parametrize("data,message", cases(BAD))
 def test_bad_config_is_named(data, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         DecoderConfig.from_dict(data)

@@ -4,9 +4,10 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from c2w_export.compare import compare
-from c2w_export.decoder import CodesError
-from c2w_export.tolerances import tolerance
+from c2w_export.model.validate import InputError
+from c2w_export.program.compare import compare
+from c2w_export.program.tolerances import tolerance
+from helpers import cases, codes as random_codes
 
 
 def test_output_shape_and_dtype(decoder):
@@ -19,7 +20,7 @@ def test_output_shape_and_dtype(decoder):
 def test_causal_prefix(decoder, n, extra, seed):
     """Decoding the first N frames equals the first N*hop samples of a longer decode."""
     cfg = decoder.config
-    codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, n + extra), generator=torch.Generator().manual_seed(seed))
+    codes = random_codes(decoder, n + extra, seed)
     with torch.no_grad():
         full, prefix = decoder(codes), decoder(codes[:, :, :n])
     d = compare(prefix, full[..., : n * cfg.hop])
@@ -45,9 +46,9 @@ BAD_CODES = [
 ]
 
 
-@pytest.mark.parametrize("make,message", [c[1:] for c in BAD_CODES], ids=[c[0] for c in BAD_CODES])
+@pytest.mark.parametrize("make,message", cases(BAD_CODES))
 def test_bad_codes_raise_value_error(decoder, make, message):
-    with pytest.raises(CodesError, match=message) as e:
+    with pytest.raises(InputError, match=message) as e:
         decoder(make(decoder))
     assert isinstance(e.value, ValueError)
 
@@ -58,7 +59,7 @@ def test_fp64_agrees_with_fp32(model_dir, decoder):
 
     d64 = load_decoder(model_dir, dtype=torch.float64)
     cfg = decoder.config
-    codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, 30), generator=torch.Generator().manual_seed(0))
+    codes = random_codes(decoder, 30, 0)
     with torch.no_grad():
         d = compare(decoder(codes), d64(codes))
     assert d.max_abs < 1e-5 and d.snr_db > 95, d.describe()

@@ -4,12 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from c2w_export import golden as gd
-from c2w_export.streaming import stream_stateful
-from c2w_export.variants import Stateful
+from c2w_export.program.streaming import stream_stateful
+from c2w_export.report import golden as gd
+from helpers import ALL_FLOWS, ProgramCache, initial_state, require_flow
 
 GOLDEN_DIR = __import__("pathlib").Path(__file__).parent / "golden"
-GOLDEN_FLOWS = ("eager", "torch_export", "executorch_xnnpack", "executorch_portable")
 
 
 @pytest.fixture(scope="session")
@@ -21,8 +20,6 @@ def golden():
 def golden_programs(programs, decoder, tmp_path_factory, ramp, context):
     """Stateful programs of the golden decoder (tiny seed 0): the session's own programs when the
     session runs on that checkpoint (the default), else exported once here."""
-    from conftest import ProgramCache
-
     dec = gd.golden_decoder()
     ours, theirs = dec.state_dict(), decoder.state_dict()
     if ours.keys() == theirs.keys() and all(ours[k].shape == theirs[k].shape and torch.equal(ours[k], theirs[k]) for k in ours):
@@ -42,13 +39,12 @@ def test_eager_matches_golden():
     assert ok, text
 
 
-@pytest.mark.parametrize("flow", GOLDEN_FLOWS)
+@pytest.mark.parametrize("flow", ALL_FLOWS)
 def test_flow_matches_golden(golden, golden_programs, flow, ramp, pytestconfig):
-    if flow not in pytestconfig.getoption("--backends").split(","):
-        pytest.skip(f"{flow} not in --backends")
+    require_flow(pytestconfig, flow)
     dec = golden_programs.decoder
     run = golden_programs.runner(flow, "stateful").run
-    wav = stream_stateful(run, Stateful(dec, ramp[0]).initial_state(), torch.from_numpy(golden["codes"]),
+    wav = stream_stateful(run, initial_state(dec), torch.from_numpy(golden["codes"]),
                           dec.config.hop, ramp).wav
     ok, text = gd.check_wav(golden, wav, dec.config.hop, flow)
     print(text)

@@ -8,7 +8,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from c2w_export import CheckpointError, load_decoder
-from c2w_export import checkpoint as ck
+from c2w_export.model import checkpoint as ck
+from helpers import cases
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ DAMAGE = [
 ]
 
 
-@pytest.mark.parametrize("edit,message", [d[1:] for d in DAMAGE], ids=[d[0] for d in DAMAGE])
+@pytest.mark.parametrize("edit,message", cases(DAMAGE))
 def test_damaged_state_dict(ckpt, edit, message):
     _edit_weights(ckpt, edit)
     with pytest.raises(CheckpointError, match=message):

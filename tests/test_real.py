@@ -4,13 +4,13 @@ or two chunk sizes, torch_export and XNNPACK. Slow: a real-size XNNPACK lowering
 import pytest
 import torch
 
-from c2w_export.compare import compare
-from c2w_export.runner import method_name
-from c2w_export.streaming import stream_stateful, stream_windowed
-from c2w_export.tolerances import WINDOWED_STREAM_FLOOR_DB, tolerance
-from c2w_export.variants import Stateful
+from c2w_export.program.compare import compare
+from c2w_export.program.streaming import stream_stateful, stream_windowed
+from c2w_export.program.tolerances import WINDOWED_STREAM_FLOOR_DB, tolerance
+from c2w_export.program.variants import method_name
+from helpers import ProgramCache, codes as _codes, initial_state, numerics_row, offline
 
-pytestmark = [pytest.mark.real, pytest.mark.slow]
+pytestmark = pytest.mark.real
 REAL_RAMP = [2, 25]
 REAL_FLOWS = ("torch_export", "executorch_xnnpack")
 
@@ -24,14 +24,7 @@ def real_decoder(real_model_dir):
 
 @pytest.fixture(scope="module")
 def real_programs(real_decoder, context, tmp_path_factory):
-    from conftest import ProgramCache
-
     return ProgramCache(real_decoder, REAL_RAMP, context, tmp_path_factory.mktemp("real-programs"))
-
-
-def _codes(dec, frames, seed):
-    cfg = dec.config
-    return torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, frames), generator=torch.Generator().manual_seed(seed))
 
 
 def test_real_output_is_non_degenerate(real_decoder):
@@ -47,8 +40,7 @@ def test_real_programs_within_tolerance(real_programs, flow, variant, numerics_l
     for c in REAL_RAMP:
         r = results[method_name(variant, c)]
         print(f"real {flow} {r.spec.method}: {r.diff.describe()}, {r.bytes / 1e6:.0f} MB")
-        numerics_log.append({"flow": f"{flow} (real)", "variant": variant, "chunk": c, "max_abs": r.diff.max_abs,
-                             "snr_db": r.diff.snr_db, "stages": {s: d.max_abs for s, d in r.stages.items()}})
+        numerics_log.append(numerics_row(f"{flow} (real)", variant, c, r.diff, r.stages))
         assert r.passed, r.failure()
 
 
@@ -57,10 +49,8 @@ def test_real_stateful_stream_equals_offline(real_decoder, real_programs, flow):
     frames = 3 * real_decoder.config.sliding_window + 1
     codes = _codes(real_decoder, frames, 3)
     run = real_programs.runner(flow, "stateful").run
-    got = stream_stateful(run, Stateful(real_decoder, 2).initial_state(), codes, real_decoder.config.hop, REAL_RAMP).wav
-    with torch.no_grad():
-        ref = real_decoder(codes)[:, 0]
-    d = compare(got, ref)
+    got = stream_stateful(run, initial_state(real_decoder), codes, real_decoder.config.hop, REAL_RAMP).wav
+    d = compare(got, offline(real_decoder, codes))
     print(f"real stateful stream ({flow}, {frames} frames) vs offline: {d.describe()}")
     assert d.within(tolerance("stateful_stream")), d.describe()
 
@@ -72,8 +62,7 @@ def test_real_windowed_stream_vs_offline(real_decoder, real_programs, context, c
     codes = _codes(real_decoder, frames, 4)
     run = real_programs.runner("eager", "windowed").run
     got = stream_windowed(run, codes, hop, context, chunks).wav
-    with torch.no_grad():
-        ref = real_decoder(codes)[:, 0]
+    ref = offline(real_decoder, codes)
     whole, steady = compare(got, ref), compare(got[:, context * hop:], ref[:, context * hop:])
     print(f"real windowed stream chunk {chunks[0]} vs offline: whole {whole.describe()}; steady {steady.describe()}")
     assert steady.snr_db >= WINDOWED_STREAM_FLOOR_DB["real"], steady.describe()

@@ -5,26 +5,15 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from c2w_export.compare import compare
-from c2w_export.flows import EagerLoaded
-from c2w_export.runner import method_name
-from c2w_export.streaming import PAD_CODE, schedule, stream_stateful, stream_windowed
-from c2w_export.tolerances import WINDOWED_STREAM_FLOOR_DB, tolerance
-from c2w_export.validate import InputError
-from c2w_export.variants import Stateful, make_variant
-from strategies import ramps, seeds
+from c2w_export.model.validate import InputError
+from c2w_export.program.compare import compare
+from c2w_export.program.flows import ModuleLoaded
+from c2w_export.program.streaming import PAD_CODE, schedule, stream_frames, stream_stateful, stream_windowed
+from c2w_export.program.tolerances import WINDOWED_STREAM_FLOOR_DB, tolerance
+from c2w_export.program.variants import make_variant, method_name
+from helpers import cases, initial_state, numerics_row, offline as _offline, codes as _codes, ramps, require_flow, seeds
 
 STREAM_FLOWS = ("eager", "torch_export", "executorch_xnnpack")
-
-
-def _codes(decoder, frames, seed):
-    cfg = decoder.config
-    return torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, frames), generator=torch.Generator().manual_seed(seed))
-
-
-def _offline(decoder, codes):
-    with torch.no_grad():
-        return decoder(codes)[:, 0]
 
 
 # ---------------------------------------------------------------- schedule
@@ -50,8 +39,7 @@ def test_schedule_rejects_empty_stream():
 # ---------------------------------------------------------------- stateful vs offline
 @pytest.fixture(scope="session", params=STREAM_FLOWS, ids=STREAM_FLOWS)
 def stateful_run(request, programs, pytestconfig):
-    if request.param not in pytestconfig.getoption("--backends").split(","):
-        pytest.skip(f"{request.param} not in --backends")
+    require_flow(pytestconfig, request.param)
     programs.get(request.param, "stateful")
     return request.param, programs.runner(request.param, "stateful").run
 
@@ -61,8 +49,7 @@ def test_stateful_programs_within_tolerance(programs, stateful_run, ramp, numeri
     results, _ = programs.get(flow, "stateful")
     for c in ramp:
         r = results[method_name("stateful", c)]
-        numerics_log.append({"flow": flow, "variant": "stateful", "chunk": c, "max_abs": r.diff.max_abs,
-                             "snr_db": r.diff.snr_db, "stages": {s: d.max_abs for s, d in r.stages.items()}})
+        numerics_log.append(numerics_row(flow, "stateful", c, r.diff, r.stages))
         assert r.passed, r.failure()
 
 
@@ -76,7 +63,7 @@ def test_stateful_stream_equals_offline(decoder, stateful_run, ramp, data):
     total = data.draw(st.integers(1, 3 * w + 1), label="T")
     sub = data.draw(st.lists(st.sampled_from(ramp), min_size=1, unique=True).map(sorted), label="ramp")
     codes = _codes(decoder, total, data.draw(seeds, label="seed"))
-    init = Stateful(decoder, ramp[0]).initial_state()
+    init = initial_state(decoder)
     res = stream_stateful(run, init, codes, decoder.config.hop, sub)
     assert res.wav.shape == (1, total * decoder.config.hop)
     d = compare(res.wav, _offline(decoder, codes))
@@ -87,19 +74,19 @@ def test_stateful_stream_equals_offline(decoder, stateful_run, ramp, data):
 def test_stateful_stream_lengths(decoder, stateful_run, ramp, total):
     flow, run = stateful_run
     codes = _codes(decoder, total, total)
-    res = stream_stateful(run, Stateful(decoder, ramp[0]).initial_state(), codes, decoder.config.hop, ramp)
+    res = stream_stateful(run, initial_state(decoder), codes, decoder.config.hop, ramp)
     d = compare(res.wav, _offline(decoder, codes))
     assert d.within(tolerance("stateful_stream")), f"{flow} T={total}: {d.describe()}"
 
 
 def test_last_partial_chunk_padding_is_invisible(decoder, ramp):
     """The last partial chunk is right-padded with code 0; a different pad gives the same samples."""
-    import c2w_export.streaming as s
+    import c2w_export.program.streaming as s
 
     mods = {method_name("stateful", c): make_variant(decoder, "stateful", c, 0) for c in ramp}
-    run = EagerLoaded(mods).run
+    run = ModuleLoaded(mods).run
     codes = _codes(decoder, ramp[0] + 1, 5)  # forces a partial chunk
-    init = Stateful(decoder, ramp[0]).initial_state()
+    init = initial_state(decoder)
     a = stream_stateful(run, init, codes, decoder.config.hop, ramp).wav
     try:
         s.PAD_CODE = 17
@@ -112,7 +99,7 @@ def test_last_partial_chunk_padding_is_invisible(decoder, ramp):
 # ---------------------------------------------------------------- windowed streams
 @pytest.fixture(scope="session")
 def eager_windowed(decoder, ramp, context):
-    return EagerLoaded({method_name("windowed", c): make_variant(decoder, "windowed", c, context) for c in ramp}).run
+    return ModuleLoaded({method_name("windowed", c): make_variant(decoder, "windowed", c, context) for c in ramp}).run
 
 
 def test_windowed_stream_vs_offline_measured(decoder, eager_windowed, ramp, context, preset_name, numerics_log):
@@ -125,10 +112,8 @@ def test_windowed_stream_vs_offline_measured(decoder, eager_windowed, ramp, cont
     off = _offline(decoder, codes)
     warm = compare(res.wav[:, : context * hop], off[:, : context * hop])
     steady = compare(res.wav[:, context * hop:], off[:, context * hop:])
-    numerics_log.append({"flow": "eager", "variant": "windowed-stream-warmup", "chunk": None,
-                         "max_abs": warm.max_abs, "snr_db": warm.snr_db})
-    numerics_log.append({"flow": "eager", "variant": "windowed-stream-steady", "chunk": None,
-                         "max_abs": steady.max_abs, "snr_db": steady.snr_db})
+    numerics_log.append(numerics_row("eager", "windowed-stream-warmup", None, warm))
+    numerics_log.append(numerics_row("eager", "windowed-stream-steady", None, steady))
     floor = WINDOWED_STREAM_FLOOR_DB.get(preset_name, WINDOWED_STREAM_FLOOR_DB["real"])
     print(f"windowed stream vs offline: warm-up {warm.describe()}; steady {steady.describe()}")
     assert steady.snr_db >= floor, f"steady-state windowed SNR {steady.describe()} below floor {floor} dB"
@@ -136,10 +121,9 @@ def test_windowed_stream_vs_offline_measured(decoder, eager_windowed, ramp, cont
 
 @pytest.mark.parametrize("flow", ["torch_export", "executorch_xnnpack", "executorch_portable"])
 def test_exported_windowed_stream_equals_eager_stream(decoder, programs, eager_windowed, ramp, context, flow, pytestconfig):
-    if flow not in pytestconfig.getoption("--backends").split(","):
-        pytest.skip(f"{flow} not in --backends")
+    require_flow(pytestconfig, flow)
     run = programs.runner(flow, "windowed").run
-    codes = _codes(decoder, sum(ramp) + ramp[-1] + 3, 8)
+    codes = _codes(decoder, stream_frames(ramp, 3), 8)
     got = stream_windowed(run, codes, decoder.config.hop, context, ramp).wav
     ref = stream_windowed(eager_windowed, codes, decoder.config.hop, context, ramp).wav
     d = compare(got, ref)
@@ -147,8 +131,8 @@ def test_exported_windowed_stream_equals_eager_stream(decoder, programs, eager_w
 
 
 # ---------------------------------------------------------------- state robustness
-def _state_case(decoder, ramp, edit):
-    init = list(Stateful(decoder, ramp[0]).initial_state())
+def _state_case(decoder, edit):
+    init = list(initial_state(decoder))
     edit(init)
     return init
 
@@ -163,10 +147,10 @@ STATE_BAD = [
 ]
 
 
-@pytest.mark.parametrize("edit,message", [c[1:] for c in STATE_BAD], ids=[c[0] for c in STATE_BAD])
+@pytest.mark.parametrize("edit,message", cases(STATE_BAD))
 def test_bad_state_is_rejected(decoder, stateful_run, ramp, edit, message):
     flow, run = stateful_run
-    state = _state_case(decoder, ramp, edit)
+    state = _state_case(decoder, edit)
     with pytest.raises(InputError, match=message):
         run(method_name("stateful", ramp[0]), (_codes(decoder, ramp[0], 0), *state))
 
@@ -175,7 +159,7 @@ def test_interleaved_streams_are_independent(decoder, stateful_run, ramp):
     flow, run = stateful_run
     c = ramp[0]
     a, b = _codes(decoder, 4 * c, 1), _codes(decoder, 4 * c, 2)
-    init = Stateful(decoder, c).initial_state()
+    init = initial_state(decoder)
     apart = [stream_stateful(run, init, x, decoder.config.hop, [c]).wav for x in (a, b)]
     sa, sb, wa, wb = init, init, [], []
     m = method_name("stateful", c)

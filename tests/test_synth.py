@@ -3,8 +3,8 @@ the decoder's default initialisation outputs exact zeros."""
 
 import torch
 
-from c2w_export.config import preset
-from c2w_export.synth import make_decoder
+from c2w_export.model.config import preset
+from c2w_export.model.synth import make_decoder
 
 
 def test_reference_output_is_non_degenerate(decoder):

@@ -1,6 +1,6 @@
 """Benchmarks per flow, variant and chunk (tox -e bench). One benchmarked call per test; our
 numbers (RTF, first audio, FLOPs, RSS, export time, bytes, the context study) go to
-reports/bench-extra.json and then into reports/bench.md by `python -m c2w_export.benchreport`."""
+reports/bench-extra.json and then into reports/bench.md by `python -m c2w_export.report.bench`."""
 
 import json
 import subprocess
@@ -9,12 +9,12 @@ import sys
 import pytest
 import torch
 
-from c2w_export.compare import compare
-from c2w_export.flops import flops_per_audio_second, offline_flops_per_audio_second
-from c2w_export.flows import EagerLoaded
-from c2w_export.runner import method_name
-from c2w_export.streaming import stream_stateful, stream_windowed
-from c2w_export.variants import Stateful, example_inputs, make_variant
+from c2w_export.program.compare import compare
+from c2w_export.program.flows import ModuleLoaded
+from c2w_export.program.streaming import stream_stateful, stream_windowed
+from c2w_export.program.variants import example_inputs, make_variant, method_name
+from c2w_export.report.flops import flops_per_audio_second, offline_flops_per_audio_second
+from helpers import codes, initial_state
 
 pytestmark = pytest.mark.bench
 VARIANTS = ("windowed", "stateful")
@@ -42,13 +42,13 @@ def test_stream_rtf(benchmark, programs, flow_name, variant, ramp, context, deco
     """A 20 s stream under the ramp schedule: real-time factor and first-audio latency."""
     cfg = decoder.config
     frames = STREAM_SECONDS * cfg.output_sample_rate // cfg.hop
-    codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, frames), generator=torch.Generator().manual_seed(0))
+    c = codes(decoder, frames, 0)
     run = programs.runner(flow_name, variant).run
     if variant == "stateful":
-        init = Stateful(decoder, ramp[0]).initial_state()
-        go = lambda: stream_stateful(run, init, codes, cfg.hop, ramp)
+        init = initial_state(decoder)
+        go = lambda: stream_stateful(run, init, c, cfg.hop, ramp)
     else:
-        go = lambda: stream_windowed(run, codes, cfg.hop, context, ramp)
+        go = lambda: stream_windowed(run, c, cfg.hop, context, ramp)
     benchmark.group = f"stream-{variant}"
     benchmark.extra_info.update({"flow": flow_name, "variant": variant, "kind": "stream"})
     res = benchmark.pedantic(go, rounds=2, iterations=1, warmup_rounds=0)
@@ -80,7 +80,7 @@ def test_flops(benchmark, decoder, variant, chunk, context, bench_extra):
 RSS_SCRIPT = """
 import json, sys, torch
 from pathlib import Path
-from c2w_export.flows import get_flow, load
+from c2w_export.program.flows import get_flow
 
 def status(key):  # kB, from the kernel: VmRSS now, VmHWM peak
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -90,7 +90,7 @@ def status(key):  # kB, from the kernel: VmRSS now, VmHWM peak
 flow, path, method = sys.argv[1], sys.argv[2], sys.argv[3]
 inputs = torch.load(sys.argv[4])
 base = status("VmRSS")
-loaded = load(get_flow(flow), {method: Path(path)})
+loaded = get_flow(flow).open({method: Path(path)})
 after_load = status("VmRSS")
 for _ in range(3):
     loaded.run(method, inputs)
@@ -118,15 +118,15 @@ def test_context_study(benchmark, decoder, ramp, bench_extra):
     """Windowed stream vs offline for left context in {0, 8, 25, 48, 72, 144}."""
     cfg = decoder.config
     frames = 2 * max(CONTEXTS) + 30
-    codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, frames), generator=torch.Generator().manual_seed(1))
+    c = codes(decoder, frames, 1)
     with torch.no_grad():
-        offline = decoder(codes)[:, 0]
+        offline = decoder(c)[:, 0]
 
     def study():
         rows = []
         for ctx in CONTEXTS:
-            run = EagerLoaded({method_name("windowed", c): make_variant(decoder, "windowed", c, ctx) for c in ramp}).run
-            wav = stream_windowed(run, codes, cfg.hop, ctx, ramp).wav
+            run = ModuleLoaded({method_name("windowed", c): make_variant(decoder, "windowed", c, ctx) for c in ramp}).run
+            wav = stream_windowed(run, c, cfg.hop, ctx, ramp).wav
             start = max(CONTEXTS) * cfg.hop  # steady state: past every context's warm-up
             d_all, d_steady = compare(wav, offline), compare(wav[:, start:], offline[:, start:])
             rows.append({"context": ctx, "snr_db": d_all.snr_db, "max_abs": d_all.max_abs,

@@ -7,9 +7,9 @@ from hypothesis import given, settings, strategies as st
 from safetensors.torch import load_file
 
 from c2w_export import load_decoder
-from c2w_export.checkpoint import decoder_state_dict
-from c2w_export.compare import compare
-from c2w_export.tolerances import tolerance
+from c2w_export.model.checkpoint import decoder_state_dict
+from c2w_export.program.compare import compare
+from c2w_export.program.tolerances import tolerance
 
 from upstream import upstream_decoder
 
@@ -74,7 +74,6 @@ def real_pair(request, real_model_dir):
 
 
 @pytest.mark.real
-@pytest.mark.slow
 @pytest.mark.parametrize("pattern", ["uniform", "zeros", "max"])
 def test_real_size_matches_upstream(real_pair, pattern):
     cfg = real_pair[0].config

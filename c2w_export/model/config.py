@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .fileio import read_json
+from ..fileio import read_json
 
 
 class ConfigError(ValueError):

@@ -12,16 +12,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import DecoderConfig
-from .validate import InputError, check_codes
 from .layers import (
     CausalConv1d, CausalConvTranspose1d, LayerScale, RMSNorm, SnakeBeta, State, StatefulLeaf,
     apply_rope, attention, rope_cos_sin, sliding_window_mask,
 )
+from .validate import check_codes
 
 POSITION = "pos"  # state name of the stream's frame position, int64 [1]
-
-
-CodesError = InputError  # codes given to the decoder are not int64 [1, Q, T] within [0, codebook_size)
 
 
 # ---------------------------------------------------------------- split RVQ
@@ -302,5 +299,5 @@ class Code2Wav(nn.Module):
         return wav
 
     def check_codes(self, codes: object, frames: int | None = None) -> None:
-        """Raise CodesError naming what is wrong with `codes` (expects int64 [1, Q, T])."""
+        """Raise validate.InputError naming what is wrong with `codes` (expects int64 [1, Q, T])."""
         check_codes(codes, self.config.num_quantizers, self.config.codebook_size, frames)

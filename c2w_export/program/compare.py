@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .tolerances import Tolerance
+
 
 @dataclass(frozen=True)
 class Diff:
@@ -17,7 +19,8 @@ class Diff:
     mean_abs: float
     numel: int
 
-    def within(self, tol: "Tolerance") -> bool:  # noqa: F821 (tolerances imports us)
+    def within(self, tol: Tolerance) -> bool:
+        """Both bounds hold: max_abs <= tol.max_abs and snr_db >= tol.min_snr_db."""
         return self.max_abs <= tol.max_abs and self.snr_db >= tol.min_snr_db
 
     def describe(self) -> str:

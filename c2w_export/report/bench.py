@@ -1,5 +1,5 @@
 """Turn a pytest-benchmark run plus our sidecar fields into reports/bench.json, bench.md, PNG
-plots and index.md. Usage: python -m c2w_export.benchreport --raw RAW.json --out reports/"""
+plots and index.md. Usage: python -m c2w_export.report.bench --raw RAW.json --out reports/"""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import platform
 from pathlib import Path
 
-from .manifest import versions
+from ..env import cpu_name, versions
 
 
 def _fmt(x, spec=".3g"):
@@ -33,7 +33,7 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
     (out / "bench.json").write_text(json.dumps({"pytest_benchmark": raw, "c2w_export": extra}, indent=2))
     hop_s = 1920 / 24000
     lines = [f"# Benchmarks ({extra.get('config')} config)", "",
-             f"Machine: {machine.get('cpu', {}).get('brand_raw', platform.processor() or platform.machine())}, "
+             f"Machine: {machine.get('cpu', {}).get('brand_raw', cpu_name())}, "
              f"{machine.get('cpu', {}).get('count', '?')} cores, {platform.system()} {platform.release()}. "
              f"torch {v['torch']}, executorch {v['executorch']}, c2w_export {v['c2w_export']}, Python {v['python']}. "
              f"Ramp {extra.get('ramp')}, context {extra.get('context')}.", "",
@@ -147,7 +147,7 @@ def _index(out: Path, extra: dict, v: dict) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m c2w_export.benchreport")
+    p = argparse.ArgumentParser(prog="python -m c2w_export.report.bench")
     p.add_argument("--raw", type=Path, required=True)
     p.add_argument("--extra", type=Path, default=None)
     p.add_argument("--out", type=Path, default=Path("reports"))

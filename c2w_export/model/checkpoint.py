@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -111,14 +110,6 @@ def strict_load(decoder: Code2Wav, state: dict[str, torch.Tensor], source: str) 
     if problems:
         raise CheckpointError(f"{source} does not match the decoder config:\n  " + "\n  ".join(problems))
     decoder.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def load_decoder(model: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Code2Wav:

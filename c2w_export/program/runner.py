@@ -1,45 +1,19 @@
-"""A loaded program plus its specs: every call is checked against the spec before the runtime
-sees it, and runtime failures come back as one clear error type."""
+"""Loaded programs behind checked calls.
+
+`Runner`: one loaded program plus its method specs; every call is checked against the spec before
+the runtime sees it, and runtime failures come back as one clear error type. `Dispatch`: one
+`run(method, inputs)` over several runners (one program per chunk, or one multi-method file).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from torch import Tensor
 
+from ..model.validate import InputError, check_codes, check_tensor
 from .flows import FlowError, Loaded
-from .validate import InputError, check_codes, check_tensor
-from .variants import TensorSpec
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    method: str  # "chunk_4" or "stateful_chunk_4"
-    variant: str  # "windowed" | "stateful"
-    chunk: int
-    context: int  # 0 for stateful
-    inputs: tuple[TensorSpec, ...]  # codes first, then the state (stateful)
-    outputs: tuple[TensorSpec, ...]  # wav first, then the new state (stateful)
-
-    def to_json(self) -> dict:
-        return {"method": self.method, "variant": self.variant, "chunk": self.chunk, "context": self.context,
-                "inputs": [s.to_json() for s in self.inputs], "outputs": [s.to_json() for s in self.outputs]}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "MethodSpec":
-        return cls(d["method"], d["variant"], int(d["chunk"]), int(d["context"]),
-                   tuple(TensorSpec.from_json(s) for s in d["inputs"]),
-                   tuple(TensorSpec.from_json(s) for s in d["outputs"]))
-
-    @property
-    def frames(self) -> int:
-        """Code frames per call."""
-        return self.context + self.chunk
-
-
-def method_name(variant: str, chunk: int) -> str:
-    return f"chunk_{chunk}" if variant == "windowed" else f"stateful_chunk_{chunk}"
+from .variants import MethodSpec
 
 
 class Runner:
@@ -73,3 +47,19 @@ class Runner:
         if len(out) != want:
             raise FlowError(f"{self.flow}: method {method} returned {len(out)} outputs, its spec says {want}")
         return out
+
+
+class Dispatch:
+    """run(method, inputs) over several runners, each serving the methods of its program."""
+
+    def __init__(self, runners: Mapping[str, Runner]):
+        self.runners = dict(runners)  # method -> the runner of the program holding it
+
+    @property
+    def methods(self) -> list[str]:
+        return sorted(self.runners)
+
+    def run(self, method: str, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        if method not in self.runners:
+            raise FlowError(f"no program for method {method!r}; have {sorted(self.runners)}")
+        return self.runners[method].run(method, inputs)

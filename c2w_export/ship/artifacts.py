@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from ..fileio import sha256_file
+from ..program.flows import get_flow
+from ..program.runner import Dispatch, Runner
+from ..program.variants import MethodSpec
 from . import manifest as mf
-from .checkpoint import sha256_file
-from .export import Dispatch
-from .flows import get_flow, load
-from .runner import MethodSpec, Runner
 
 
 class ArtifactError(RuntimeError):
@@ -20,7 +22,7 @@ class ArtifactError(RuntimeError):
 class Artifacts:
     root: Path
     manifest: dict
-    specs: dict[str, MethodSpec]
+    specs: dict[str, MethodSpec]  # method -> its I/O contract, from the manifest
 
     @property
     def decode(self) -> dict:
@@ -52,8 +54,14 @@ class Artifacts:
                     problems.append(f"{p['bundle']['path']}: sha256 mismatch (corrupted or modified)")
         return problems
 
-    def runner(self) -> Dispatch:
-        """Load every program in its own runtime (call check_files first)."""
+    def require_files(self) -> None:
+        """check_files, raising ArtifactError with every problem."""
+        problems = self.check_files()
+        if problems:
+            raise ArtifactError("; ".join(problems))
+
+    def programs(self) -> Dispatch:
+        """Load every program file in its own runtime, behind checked runners (call check_files first)."""
         by_file: dict[str, list[dict]] = {}
         for p in self.manifest["programs"]:
             by_file.setdefault(p["path"], []).append(p)
@@ -61,14 +69,13 @@ class Artifacts:
         for rel, entries in by_file.items():
             flow = get_flow(entries[0]["backend"])
             methods = [e["method"] for e in entries]
-            loaded = load(flow, {m: self.root / rel for m in methods})
+            loaded = flow.open({m: self.root / rel for m in methods})
             r = Runner(flow.name, loaded, {m: self.specs[m] for m in methods}, self.decode["codebook_size"])
             runners.update({m: r for m in methods})
         return Dispatch(runners)
 
-    def initial_state(self):
-        import torch
-
+    def initial_state(self) -> tuple[torch.Tensor, ...]:
+        """The stateful methods' start state, from the manifest's state spec (zeros)."""
         return tuple(torch.zeros(s["shape"], dtype=getattr(torch, s["dtype"])) for s in self.manifest["state"])
 
 

@@ -8,6 +8,11 @@ from torch import Tensor
 PATTERNS = ("uniform", "zeros", "max", "repeated", "hotspot")
 
 
+def random_codes(q: int, t: int, codebook_size: int, seed: int) -> Tensor:
+    """int64 [1, q, t], uniform over the codebook, reproducible from `seed`."""
+    return torch.randint(0, codebook_size, (1, q, t), generator=torch.Generator().manual_seed(seed))
+
+
 def code_window(pattern: str, q: int, t: int, codebook_size: int, seed: int) -> Tensor:
     """int64 [1, q, t] codes of a named pattern, reproducible from `seed`."""
     g = torch.Generator().manual_seed(seed)

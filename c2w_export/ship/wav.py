@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .validate import InputError
+from ..model.validate import InputError
 
 
 def read_codes(path: str | Path) -> torch.Tensor:

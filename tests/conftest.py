@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from helpers import ALL_FLOWS, ProgramCache, selected_flows
+
 settings.register_profile("dev", max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
-ALL_FLOWS = ("eager", "torch_export", "executorch_xnnpack", "executorch_portable")
 
 
 def pytest_addoption(parser):
@@ -30,10 +31,6 @@ def pytest_addoption(parser):
     g.addoption("--backends", default=",".join(ALL_FLOWS), help="comma-separated flows to test")
     g.addoption("--real", action="store_true", help="also run real-size (slow) tests")
     g.addoption("--bench", action="store_true", help="run benchmarks (tests/bench)")
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "real: real-size config; opt in with --real")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -54,7 +51,7 @@ def pytest_generate_tests(metafunc):
     """`flow` and `chunk` parametrize over the chosen backends and ramp, with readable ids."""
     cfg = metafunc.config
     if "flow_name" in metafunc.fixturenames:
-        flows = [f for f in cfg.getoption("--backends").split(",") if f]
+        flows = selected_flows(cfg)
         metafunc.parametrize("flow_name", flows, ids=flows, scope="session")
     if "chunk" in metafunc.fixturenames:
         ramp = _ints(cfg.getoption("--ramp"))
@@ -77,7 +74,7 @@ def model_dir(pytestconfig, tmp_path_factory) -> str:
     model = pytestconfig.getoption("--model")
     if model:
         return model
-    from c2w_export.synth import synth
+    from c2w_export.model.synth import synth
 
     out = tmp_path_factory.mktemp(f"synth-{pytestconfig.getoption('--preset')}")
     synth(pytestconfig.getoption("--preset"), 0, out)
@@ -98,45 +95,11 @@ def decoder(model_dir):
 
 @pytest.fixture(scope="session")
 def real_model_dir(tmp_path_factory) -> str:
-    from c2w_export.synth import synth
+    from c2w_export.model.synth import synth
 
     out = tmp_path_factory.mktemp("synth-real")
     synth("real", 0, out)
     return str(out)
-
-
-class ProgramCache:
-    """Exports each (flow, variant) once per session: every ramp chunk as a method of one
-    program, checked stage by stage against eager."""
-
-    def __init__(self, decoder, ramp, context, root: Path):
-        self.decoder, self.ramp, self.context, self.root = decoder, ramp, context, root
-        self._built: dict = {}
-
-    def get(self, flow_name: str, variant: str):
-        key = (flow_name, variant)
-        if key not in self._built:
-            from c2w_export.flows import get_flow
-            from c2w_export.pipeline import build
-
-            flow = get_flow(flow_name)
-            reason = flow.skip_reason()
-            if reason:  # a broken backend is a failure, never a silent skip
-                pytest.fail(f"flow {flow_name} unavailable: {reason}")
-            out = self.root / f"{flow_name}-{variant}"
-            results, loaded = build(self.decoder, flow, [variant], self.ramp, self.context,
-                                    None if flow_name == "eager" else out, multi_method=True, windows=3,
-                                    progress=lambda s: print(s, flush=True))
-            self._built[key] = ({r.spec.method: r for r in results}, loaded)
-        return self._built[key]
-
-    def runner(self, flow_name: str, variant: str):
-        from c2w_export.export import Dispatch
-        from c2w_export.runner import Runner
-
-        results, loaded = self.get(flow_name, variant)
-        return Dispatch({m: Runner(flow_name, loaded[m], {m: r.spec}, self.decoder.config.codebook_size)
-                         for m, r in results.items()})
 
 
 @pytest.fixture(scope="session")
@@ -150,6 +113,6 @@ def numerics_log():
     rows: list[dict] = []
     yield rows
     if rows:
-        from c2w_export.reports import write_parity_reports
+        from c2w_export.report.parity import write_parity_reports
 
-        write_parity_reports(rows, Path(__file__).parent / "reports")
+        write_parity_reports(rows, Path(__file__).resolve().parents[1] / "reports")

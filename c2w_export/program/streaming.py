@@ -24,9 +24,14 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from .runner import method_name
+from ..model.decoder import Code2Wav
+from .codes import random_codes
+from .compare import Diff, compare
+from .flows import ModuleLoaded
+from .variants import initial_state, make_variant, method_name
 
-DEFAULT_RAMP = (2, 4, 8, 16, 25)
+DEFAULT_RAMP = (2, 4, 8, 16, 25)  # the defaults of export, decode and demo, defined once
+DEFAULT_CONTEXT = 72  # windowed left context frames (the real model's sliding window)
 PAD_CODE = 0
 
 RunFn = Callable[[str, Sequence[Tensor]], tuple[Tensor, ...]]
@@ -43,9 +48,7 @@ def schedule(total: int, ramp: Sequence[int] = DEFAULT_RAMP) -> list[Step]:
     """The chunk steps covering `total` frames (see the module docstring for the last chunk)."""
     if total < 1:
         raise ValueError(f"a stream needs at least 1 frame, got {total}")
-    ramp = sorted(set(int(r) for r in ramp))
-    if not ramp or ramp[0] < 1:
-        raise ValueError(f"ramp must hold positive chunk sizes, got {ramp}")
+    ramp = check_ramp(ramp)
     planned = list(ramp)
     steps, pos, i = [], 0, 0
     while pos < total:
@@ -118,3 +121,38 @@ def stream_windowed(run: RunFn, codes: Tensor, hop: int, context: int,
         seconds.append(time.perf_counter() - t0)
         pieces.append(out[0][:, : s.frames * hop])
     return StreamResult(torch.cat(pieces, dim=-1), steps, seconds)
+
+
+def check_ramp(ramp: Sequence[int]) -> list[int]:
+    """Sorted distinct positive chunk sizes, or ValueError naming the ramp."""
+    out = sorted(set(int(r) for r in ramp))
+    if not out or out[0] < 1:
+        raise ValueError(f"ramp must hold positive chunk sizes, got {list(ramp)}")
+    return out
+
+
+def stream_frames(ramp: Sequence[int], extra: int) -> int:
+    """A stream length that runs through the whole ramp, one repeat of its last size and a partial
+    chunk of `extra` frames (extra < the smallest chunk keeps it partial)."""
+    return sum(ramp) + ramp[-1] + extra
+
+
+def stream_check(decoder: Code2Wav, run: RunFn, variants: Sequence[str], ramp: Sequence[int], context: int,
+                 frames: int, seed: int) -> dict[str, Diff]:
+    """A whole stream of `frames` random frames through the programs behind `run`, per variant:
+    stateful vs the offline decode; windowed vs the eager windowed stream (windowed is not exact
+    against offline, see the module docstring)."""
+    cfg = decoder.config
+    codes = random_codes(cfg.num_quantizers, frames, cfg.codebook_size, seed)
+    out = {}
+    for v in variants:
+        if v == "stateful":
+            got = stream_stateful(run, initial_state(decoder), codes, cfg.hop, ramp).wav
+            with torch.no_grad():
+                ref = decoder(codes)[:, 0]
+        else:
+            got = stream_windowed(run, codes, cfg.hop, context, ramp).wav
+            eager = ModuleLoaded({method_name("windowed", c): make_variant(decoder, "windowed", c, context) for c in ramp})
+            ref = stream_windowed(eager.run, codes, cfg.hop, context, ramp).wav
+        out[v] = compare(got, ref)
+    return out

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .compare import compare
-from .fileio import atomic_write_bytes
-from .tolerances import tolerance
+from ..program.compare import compare
+from ..fileio import atomic_write_bytes
+from ..program.tolerances import tolerance
 
 GOLDEN_FILE = "tiny_seed0.npz"
 FRAMES, CODES_SEED, STRIDE = 40, 20261202, 37
@@ -26,8 +26,8 @@ def default_dir() -> Path:
 
 
 def golden_decoder():
-    from .config import preset
-    from .synth import make_decoder
+    from ..model.config import preset
+    from ..model.synth import make_decoder
 
     return make_decoder(preset("tiny"), 0)
 

@@ -7,11 +7,15 @@ types are rejected with the field's path). Paths are relative to the artifacts d
 from __future__ import annotations
 
 import json
-import platform
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
-from .fileio import atomic_write_bytes, read_json
+from ..env import versions
+from ..fileio import atomic_write_bytes, read_json, sha256_file
+from ..model.decoder import Code2Wav
+from ..program.compare import Diff
+from ..program.flows import Flow
+from ..program.pipeline import ProgramResult
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -63,18 +67,40 @@ def check_schema(value: Any, schema: Any, where: str = "manifest") -> None:
             raise ManifestError(f"{where} must be {names}, got {type(value).__name__} {value!r}"[:300])
 
 
-def versions() -> dict[str, Any]:
-    import torch
-
-    from . import __version__
-
-    try:
-        from importlib.metadata import version
-
-        et = version("executorch")
-    except Exception:
-        et = None
-    return {"torch": torch.__version__, "executorch": et, "c2w_export": __version__, "python": platform.python_version()}
+def build(decoder: Code2Wav, model: str, flow: Flow, variants: Sequence[str], ramp: Sequence[int], context: int,
+          results: Sequence[ProgramResult], streams: Mapping[str, Diff], bundles: Mapping[str, dict]) -> dict:
+    """The v1 manifest of checked programs: each entry is its `MethodSpec.to_json()` plus file,
+    backend, tolerance and parity. Paths are file names (relative to the artifacts directory)."""
+    cfg = decoder.config
+    files = getattr(decoder, "checkpoint", None)
+    hashes: dict[Path, str] = {}
+    programs = []
+    for r in results:
+        if r.path not in hashes:
+            hashes[r.path] = sha256_file(r.path)
+        d = r.diff
+        programs.append({
+            **r.spec.to_json(),
+            "path": r.path.name, "sha256": hashes[r.path], "bytes": r.path.stat().st_size,
+            "backend": flow.name, "partitioner": flow.partitioner,
+            "verified": r.passed,  # export writes a manifest only when every program passed
+            "tolerance": r.tolerance.to_json(),
+            "parity": {"max_abs": d.max_abs, "snr_db": d.to_json()["snr_db"], "windows": r.windows, "streams": 1,
+                       "stream_max_abs": streams[r.spec.variant].max_abs,
+                       "stages": {s: x.max_abs for s, x in r.stages.items()}},
+            **({"bundle": bundles[r.spec.method]} if r.spec.method in bundles else {}),
+        })
+    return {
+        "format_version": FORMAT_VERSION,
+        "model": {"id": str(model), "config_sha256": cfg.canonical_sha256(),
+                  "weights_sha256": sha256_file(files.weights_path) if files else ""},
+        "versions": versions(),
+        "decode": {"variants": list(variants), "ramp": list(ramp), "context_frames": context, "hop": cfg.hop,
+                   "sample_rate": cfg.output_sample_rate, "num_quantizers": cfg.num_quantizers,
+                   "codebook_size": cfg.codebook_size},
+        "state": [{"name": n, "shape": list(s), "dtype": str(d).removeprefix("torch.")} for n, s, d in decoder.state_spec()],
+        "programs": programs,
+    }
 
 
 def write(directory: Path, manifest: dict) -> Path:
@@ -96,6 +122,7 @@ def load(directory: Path) -> dict:
         raise ManifestError(f"{path}: unknown format_version {data['format_version']!r}; this c2w-export reads {FORMAT_VERSION}")
     check_schema(data, SCHEMA, str(path))
     for p in data["programs"]:
-        if Path(p["path"]).is_absolute() or ".." in Path(p["path"]).parts:
-            raise ManifestError(f"{path}: program path {p['path']!r} must be relative to the artifacts directory")
+        for kind, rel in (("program", p["path"]), ("bundle", (p.get("bundle") or {}).get("path"))):
+            if rel is not None and (not isinstance(rel, str) or Path(rel).is_absolute() or ".." in Path(rel).parts):
+                raise ManifestError(f"{path}: {kind} path {rel!r} must be relative to the artifacts directory")
     return data

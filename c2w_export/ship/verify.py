@@ -2,7 +2,7 @@
 model, and computes what the eager decoder computes (windows, a full stream, bundled vectors).
 
 Exit codes: 0 all pass; 1 a parity failure (program, diff, tolerance named); 2 corrupt or
-missing files, a bad manifest or a usage error.
+missing files, a bad manifest or a usage error (raised as exceptions; the CLI maps them).
 """
 
 from __future__ import annotations
@@ -11,16 +11,17 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .artifacts import open_artifacts
-from .checkpoint import load_decoder, sha256_file
-from .codes import check_windows
-from .compare import Diff
-from .export import stream_check
-from .pipeline import check_method
-from .tolerances import Tolerance
-from .variants import make_variant
+from ..fileio import sha256_file
+from ..model.checkpoint import load_decoder
+from ..program.codes import check_windows
+from ..program.compare import Diff
+from ..program.pipeline import check_method
+from ..program.streaming import stream_check, stream_frames
+from ..program.tolerances import BUNDLE_STATE_RTOL, Tolerance
+from ..program.variants import make_variant
+from .artifacts import Artifacts, open_artifacts
 
-EXIT_OK, EXIT_PARITY, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_PARITY = 0, 1
 
 
 @dataclass
@@ -53,28 +54,27 @@ class Report:
                          + (f"  {r.detail}" if r.detail else ""))
         return "\n".join(lines)
 
+    def to_json(self) -> str:
+        return json.dumps({"exit_code": self.exit_code, "passed": self.exit_code == EXIT_OK,
+                           "rows": [r.to_json() for r in self.rows]}, indent=2)
+
 
 def verify(artifacts_dir: str | Path, model: str | None = None, windows: int = 3, seed: int = 1234,
            progress=print) -> Report:
     """Raises ManifestError/ArtifactError/CheckpointError for exit-2 problems; returns the report."""
     report = Report()
     art = open_artifacts(artifacts_dir)
-    problems = art.check_files()
-    if problems:
-        from .artifacts import ArtifactError
-
-        raise ArtifactError("; ".join(problems))
+    art.require_files()
     report.rows.append(Row("hashes", f"{len(art.files())} file(s)", None, None, True))
     m = art.manifest
     decoder = load_decoder(model or m["model"]["id"])
     cfg = decoder.config
     same_cfg = cfg.canonical_sha256() == m["model"]["config_sha256"]
-    weights_sha = sha256_file(decoder.checkpoint.weights_path)
-    same_w = weights_sha == m["model"]["weights_sha256"]
+    same_w = sha256_file(decoder.checkpoint.weights_path) == m["model"]["weights_sha256"]
     report.rows.append(Row("model", "config + weights sha256", None, None, same_cfg and same_w,
                            "" if same_cfg and same_w else
                            f"artifacts were built from a different checkpoint (config match={same_cfg}, weights match={same_w})"))
-    run = art.runner()
+    programs = art.programs()
     progress(f"loaded {len(art.specs)} method(s) from {artifacts_dir}")
     by_method = {p["method"]: p for p in m["programs"]}
     for method, spec in art.specs.items():
@@ -82,23 +82,41 @@ def verify(artifacts_dir: str | Path, model: str | None = None, windows: int = 3
         tol = Tolerance(**entry["tolerance"])
         module = make_variant(decoder, spec.variant, spec.chunk, spec.context)
         codes = check_windows(cfg.num_quantizers, spec.frames, cfg.codebook_size, windows, seed)
-        d = check_method(run.run, module, method, codes)
+        d = check_method(programs.run, module, method, codes)
         report.rows.append(Row("windows", method, d, tol, d.within(tol), f"{windows} window(s)" if d.within(tol) else
                                f"{entry['backend']} {method} over tolerance: {d.describe()}"))
     ramp, context = m["decode"]["ramp"], m["decode"]["context_frames"]
-    frames = sum(ramp) + ramp[-1] + 5
+    frames = stream_frames(ramp, 5)
     tol = Tolerance(**m["programs"][0]["tolerance"])
-    for v, d in stream_check(decoder, run.run, m["decode"]["variants"], ramp, context, frames, seed + 1).items():
+    for v, d in stream_check(decoder, programs.run, m["decode"]["variants"], ramp, context, frames, seed + 1).items():
         report.rows.append(Row("stream", f"{v} ({frames} frames)", d, tol, d.within(tol),
                                "" if d.within(tol) else f"{v} stream over tolerance: {d.describe()}"))
-    if any("bundle" in p for p in m["programs"]):
-        from .bundle import verify_bundles
-
-        report.rows += verify_bundles(art)
+    report.rows += verify_bundles(art)
     report.exit_code = EXIT_OK if all(r.passed for r in report.rows) else EXIT_PARITY
     return report
 
 
-def report_json(report: Report) -> str:
-    return json.dumps({"exit_code": report.exit_code, "passed": report.exit_code == 0,
-                       "rows": [r.to_json() for r in report.rows]}, indent=2)
+def verify_bundles(art: Artifacts) -> list[Row]:
+    """Run each bundled vector through the runtime's bundled-program API
+    (BundledModule.verify_result_with_bundled_expected_output executes the method on the
+    bundled inputs and compares with the bundled expected outputs inside the runtime)."""
+    rows, loaded = [], {}
+    for p in art.manifest["programs"]:
+        b = p.get("bundle")
+        if not b:
+            continue
+        from executorch.extension.pybindings import portable_lib
+
+        atol = p["tolerance"]["max_abs"]
+        rtol = BUNDLE_STATE_RTOL if p["variant"] == "stateful" else 0.0
+        try:
+            if b["path"] not in loaded:
+                loaded[b["path"]] = portable_lib._load_bundled_program_from_buffer((art.root / b["path"]).read_bytes())
+            for i in range(b["cases"]):
+                loaded[b["path"]].verify_result_with_bundled_expected_output(p["method"], i, rtol, atol)
+            rows.append(Row("bundle", p["method"], None, None, True,
+                            f"{b['cases']} vector(s) via bundled API (atol {atol:g}, rtol {rtol:g})"))
+        except Exception as e:
+            rows.append(Row("bundle", p["method"], None, None, False,
+                            f"bundled vectors failed (atol {atol:g}, rtol {rtol:g}): {type(e).__name__}: {e}"))
+    return rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .variants import example_inputs
+from ..program.variants import example_inputs
 
 
 def count_flops(module, inputs) -> int:

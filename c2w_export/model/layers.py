@@ -1,8 +1,8 @@
 """Leaf layers of Code2Wav: the math as pure functions, the modules as thin parameter holders.
 
-Every stateful leaf has `forward(x, state) -> (y, new_state)`, where `state` maps this leaf's state
-names to tensors and `new_state` holds fresh tensors for the same names (nothing is mutated in
-place). Offline decoding is streaming decoding of one chunk from the zero initial state: a causal
+A stateful leaf (`StatefulLeaf`) takes the whole state mapping and returns the new tensors for its
+own names: `forward(x, state) -> (y, {name: new tensor})` for convs, with extra inputs first for
+attention (`forward(x, cos, sin, q_pos, k_pos, state)`). Nothing is mutated in place. Offline decoding is streaming decoding of one chunk from the zero initial state: a causal
 conv's zero history is exactly the zero left padding of the offline conv.
 """
 

@@ -8,7 +8,7 @@ import math
 import platform
 from pathlib import Path
 
-from .manifest import versions
+from ..env import cpu_name, versions
 
 
 def _snr(x) -> str:
@@ -18,8 +18,8 @@ def _snr(x) -> str:
 def _header(title: str) -> list[str]:
     v = versions()
     return [f"# {title}", "",
-            f"Generated {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC} on {platform.machine()} "
-            f"({platform.processor() or 'cpu'}), torch {v['torch']}, executorch {v['executorch']}, "
+            f"Generated {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC} on {cpu_name()} "
+            f"({platform.machine()}), torch {v['torch']}, executorch {v['executorch']}, "
             f"c2w_export {v['c2w_export']}, Python {v['python']}.", ""]
 
 

@@ -17,7 +17,7 @@ import torch
 from .checkpoint import CONFIG_FILE, PREFIX, SUBDIR, WEIGHTS_FILE
 from .config import DecoderConfig, preset
 from .decoder import Code2Wav
-from .fileio import atomic_write_bytes
+from ..fileio import atomic_write_bytes
 
 TARGET_STD = 0.15  # pre-clamp output std: inside the 0.02-0.5 band, far from the +-1 clamp
 CALIBRATION_FRAMES = 12

@@ -1,0 +1,307 @@
+"""Backends as data. A `Flow` is a name plus its stages in order; `pipeline.build` runs them in a
+straight loop, so adding a flow means adding an entry to FLOWS, not a branch.
+
+A stage is a small object in the style of ExecuTorch's backend test harness: `run(artifact, work)`
+turns the previous stage's artifact into the next one, and `program(artifact)` gives that artifact
+in a runnable form when it can be compared with the eager reference (else None).
+
+    export     {method: nn.Module}        -> {method: ExportedProgram}     compared
+    lower      {method: ExportedProgram}  -> .pte bytes (all methods)      compared (in-memory runtime)
+    serialize  .pte bytes or programs     -> {method: file path}           (files: compared once loaded)
+    load       files (or eager modules)   -> Loaded                        run and compared as "run"
+
+The allowed order is the table NEXT; a Flow whose stages break it fails when it is made, naming
+the stage. Every artifact flow ends by loading its files in its own runtime: nothing is only lowered.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..fileio import atomic_write
+
+
+class FlowError(RuntimeError):
+    """A flow could not build, load or run a program; the message names the flow, method and stage."""
+
+
+# ---------------------------------------------------------------- loaded programs
+class Loaded:
+    """A program in its runtime: `run(method, inputs) -> tuple of tensors`. No input checks here;
+    `runner.Runner` checks inputs against the specs before calling this."""
+
+    methods: Sequence[str]
+
+    def run(self, method: str, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        raise NotImplementedError
+
+
+def _as_tuple(x) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+class ModuleLoaded(Loaded):
+    """Callables run by PyTorch: the eager variant modules, or `ExportedProgram.module()`s."""
+
+    def __init__(self, modules: Mapping[str, Callable]):
+        self.modules, self.methods = dict(modules), list(modules)
+
+    def run(self, method, inputs):
+        with torch.no_grad():
+            return _as_tuple(self.modules[method](*inputs))
+
+
+class ExecuTorchLoaded(Loaded):
+    """A .pte (path or bytes) in the ExecuTorch runtime; methods load on their first call."""
+
+    def __init__(self, source: Path | bytes):
+        from executorch.runtime import Runtime
+
+        self.program = Runtime.get().load_program(source if isinstance(source, bytes) else str(source))
+        self.methods = sorted(self.program.method_names)
+        self._methods: dict = {}
+
+    def run(self, method, inputs):
+        if method not in self._methods:
+            self._methods[method] = self.program.load_method(method)
+        return tuple(self._methods[method].execute(list(inputs)))
+
+
+# ---------------------------------------------------------------- stages
+@dataclass
+class Work:
+    """What the stages of one program read: its eager modules, one example input per method (for
+    export), and where its files go. `paths` is filled by the serialize stage."""
+
+    modules: dict[str, nn.Module]
+    inputs: dict[str, tuple]
+    out_dir: Path | None
+    stem: str
+    paths: dict[str, Path] = field(default_factory=dict)
+
+    def directory(self) -> Path:
+        if self.out_dir is None:  # an in-memory build still runs the files through the runtime
+            self.out_dir = Path(tempfile.mkdtemp(prefix="c2w-"))
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        return self.out_dir
+
+
+class Stage:
+    name: str = ""
+    compared: bool = False  # True when `program` gives a runnable artifact to compare with eager
+
+    def run(self, artifact: Any, work: Work) -> Any:
+        raise NotImplementedError
+
+    def program(self, artifact: Any) -> Loaded | None:
+        """The artifact in a runnable form, to compare with eager; None when it is not comparable."""
+        return None
+
+
+class Export(Stage):
+    name = "export"
+    compared = True
+
+    def run(self, modules, work):
+        out = {}
+        for method, module in modules.items():
+            try:
+                with torch.no_grad():
+                    out[method] = torch.export.export(module, tuple(work.inputs[method]), strict=False)
+            except Exception as e:
+                raise FlowError(f"stage 'export' failed for method {method}: {type(e).__name__}: {e}") from e
+        return out
+
+    def program(self, programs):
+        return ModuleLoaded({m: ep.module() for m, ep in programs.items()})
+
+
+def _xnnpack_partitioners() -> list:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    return [XnnpackPartitioner()]
+
+
+# partitioner name -> the partitioners to lower with; "portable" delegates nothing (portable kernels)
+PARTITIONERS: dict[str, Callable[[], list]] = {"xnnpack": _xnnpack_partitioners, "portable": lambda: []}
+
+
+@dataclass(frozen=True)
+class Lower(Stage):
+    """ExecuTorch: every method into one program (XNNPACK shares the weights) -> .pte bytes."""
+
+    partitioner: str
+    name: str = "lower"
+    compared: bool = True
+
+    def run(self, programs, work):
+        from executorch.exir import to_edge, to_edge_transform_and_lower
+
+        try:
+            partitioners = PARTITIONERS[self.partitioner]()
+            edge = (to_edge_transform_and_lower(dict(programs), partitioner=partitioners) if partitioners
+                    else to_edge(dict(programs)))
+            return edge.to_executorch().buffer
+        except Exception as e:
+            raise FlowError(f"stage 'lower' failed ({self.partitioner}): {type(e).__name__}: {e}") from e
+
+    def program(self, buffer):
+        return ExecuTorchLoaded(buffer)
+
+
+class SerializePte(Stage):
+    """One .pte holding every method of the group."""
+
+    name = "serialize"
+
+    def run(self, buffer, work):
+        path = work.directory() / f"{work.stem}.pte"
+        atomic_write(path, lambda f: f.write(buffer))
+        work.paths = {m: path for m in work.modules}
+        return dict(work.paths)
+
+
+class SerializePt2(Stage):
+    """One .pt2 per method (torch.export.save holds one program)."""
+
+    name = "serialize"
+
+    def run(self, programs, work):
+        root = work.directory()
+        for method, ep in programs.items():
+            path = root / (f"{work.stem}.{method}.pt2" if len(programs) > 1 else f"{work.stem}.pt2")
+            atomic_write(path, lambda f, ep=ep: torch.export.save(ep, f))
+            work.paths[method] = path
+        return dict(work.paths)
+
+
+@dataclass(frozen=True)
+class Load(Stage):
+    """Files -> a Loaded program in the flow's own runtime. `open` is also how shipped artifacts
+    are opened (artifacts.Artifacts), so the gate and the user load the same way."""
+
+    open: Callable[[Mapping[str, Path]], Loaded]
+    name: str = "load"
+
+    def run(self, paths, work):
+        return self.open(paths)
+
+
+def _open_pte(paths: Mapping[str, Path]) -> Loaded:
+    files = sorted(set(paths.values()))
+    if len(files) != 1:
+        raise FlowError(f"an ExecuTorch artifact is one .pte file, got {files}")
+    return ExecuTorchLoaded(files[0])
+
+
+def _open_pt2(paths: Mapping[str, Path]) -> Loaded:
+    return ModuleLoaded({m: torch.export.load(str(p)).module() for m, p in paths.items()})
+
+
+class LoadEager(Stage):
+    """The eager modules themselves (no files)."""
+
+    name = "load"
+
+    def run(self, modules, work):
+        return ModuleLoaded(modules)
+
+
+# ---------------------------------------------------------------- flows
+START = "start"
+NEXT: dict[str, tuple[str, ...]] = {  # stage -> the stages allowed after it
+    START: ("export", "load"),
+    "export": ("lower", "serialize"),
+    "lower": ("serialize",),
+    "serialize": ("load",),
+    "load": (),
+}
+RUN = "run"  # the name of the final comparison: the loaded program run in its runtime
+
+
+def _missing(module: str, extra: str) -> Callable[[], str | None]:
+    def reason() -> str | None:
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed (pip install 'c2w-export[{extra}]')"
+        return None
+    return reason
+
+
+@dataclass(frozen=True)
+class Flow:
+    name: str
+    backend: str  # the CLI's --backend
+    partitioner: str | None  # the CLI's --partitioner (ExecuTorch flows only)
+    stages: tuple[Stage, ...]
+    unavailable: Callable[[], str | None] = field(default=lambda: None, compare=False)  # why it cannot run here
+
+    def __post_init__(self) -> None:
+        prev = START
+        for s in self.stages:
+            if s.name not in NEXT[prev]:
+                raise FlowError(f"flow {self.name}: stage '{s.name}' cannot follow '{prev}' (allowed: {NEXT[prev]})")
+            prev = s.name
+        if prev != "load":
+            raise FlowError(f"flow {self.name}: the last stage must be 'load', got '{prev}'")
+
+    @property
+    def compared(self) -> list[str]:
+        """Names of the diffs a build records: every stage with a runnable artifact, then RUN."""
+        return [s.name for s in self.stages if s.compared] + [RUN]
+
+    @property
+    def writes_files(self) -> bool:
+        return any(s.name == "serialize" for s in self.stages)
+
+    def open(self, paths: Mapping[str, Path]) -> Loaded:
+        """Load shipped files in this flow's runtime; errors name the flow and the files."""
+        last = self.stages[-1]
+        if not isinstance(last, Load):
+            raise FlowError(f"{self.name} has no files to load")
+        try:
+            return last.open(paths)
+        except FlowError:
+            raise
+        except Exception as e:
+            raise FlowError(f"{self.name}: cannot load {dict(paths)}: {type(e).__name__}: {e}") from e
+
+
+FLOWS: dict[str, Flow] = {f.name: f for f in (
+    Flow("eager", "eager", None, (LoadEager(),)),
+    Flow("torch_export", "torch_export", None, (Export(), SerializePt2(), Load(_open_pt2))),
+    Flow("executorch_xnnpack", "executorch", "xnnpack",
+         (Export(), Lower("xnnpack"), SerializePte(), Load(_open_pte)), _missing("executorch", "executorch")),
+    Flow("executorch_portable", "executorch", "portable",
+         (Export(), Lower("portable"), SerializePte(), Load(_open_pte)), _missing("executorch", "executorch")),
+)}
+REFERENCE_FLOW = "eager"  # the module itself: what every artifact flow is compared with
+
+
+def get_flow(name: str) -> Flow:
+    if name not in FLOWS:
+        raise FlowError(f"unknown flow {name!r}; choose from {sorted(FLOWS)}")
+    return FLOWS[name]
+
+
+def flow_for(backend: str, partitioner: str | None = None) -> Flow:
+    """The artifact flow for the CLI's --backend / --partitioner (the partitioner is ignored by a
+    backend that has only one flow)."""
+    if backend == REFERENCE_FLOW:
+        raise FlowError("eager is the reference, not an artifact backend; use torch_export or executorch")
+    matches = [f for f in FLOWS.values() if f.backend == backend]
+    if not matches:
+        backends = sorted({f.backend for f in FLOWS.values() if f.writes_files})
+        raise FlowError(f"unknown backend {backend!r}; choose from {backends}")
+    if len(matches) == 1:
+        return matches[0]
+    for f in matches:
+        if f.partitioner == partitioner:
+            return f
+    raise FlowError(f"backend {backend} has no partitioner {partitioner!r}; choose from {sorted(f.partitioner for f in matches)}")

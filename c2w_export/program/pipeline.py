@@ -1,0 +1,126 @@
+"""The exporter's core: run a flow's stages in order for every (variant, chunk) program and compare
+each comparable stage's artifact, and finally the loaded program, with the eager variant module on
+the same inputs, so a failure says which stage diverged. The serialize stage writes files and is
+judged through the load that follows it (the "run" diff)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from ..model.decoder import Code2Wav
+from .codes import check_windows
+from .compare import Diff, combine, compare
+from .flows import RUN, Flow, FlowError, Loaded, Work
+from .runner import Runner
+from .tolerances import Tolerance, tolerance
+from .variants import MethodSpec, Stateful, Windowed, make_variant
+
+RunFn = Callable[[str, Sequence[Tensor]], tuple[Tensor, ...]]
+
+
+class ParityError(RuntimeError):
+    """A program is over tolerance: it must not ship."""
+
+
+@dataclass
+class ProgramResult:
+    flow: str
+    spec: MethodSpec
+    path: Path | None
+    tolerance: Tolerance
+    stages: dict[str, Diff] = field(default_factory=dict)  # stage name (or RUN) -> diff against eager
+    windows: int = 0  # code windows (windowed) or stream steps (stateful) checked at the run stage
+    module: Windowed | Stateful | None = None  # the eager variant module this program was exported from
+    seconds: dict[str, float] = field(default_factory=dict)  # stage name -> seconds, shared evenly per method
+    bytes: int = 0
+
+    @property
+    def diff(self) -> Diff:
+        return self.stages[RUN]
+
+    @property
+    def passed(self) -> bool:
+        return all(d.within(self.tolerance) for d in self.stages.values())
+
+    def failure(self) -> str:
+        bad = [f"stage '{s}' diverged from eager: {d.describe()}" for s, d in self.stages.items() if not d.within(self.tolerance)]
+        return (f"{self.flow} {self.spec.method}: " + "; ".join(bad)
+                + f" (tolerance max_abs<={self.tolerance.max_abs:g}, SNR>={self.tolerance.min_snr_db:g} dB)")
+
+
+def parity_inputs(module: Windowed | Stateful, n: int, seed: int) -> list[Tensor]:
+    """Code tensors for a check: n independent windows (windowed) or n consecutive chunks of one
+    stream (stateful)."""
+    _, q, t = module.input_specs()[0].shape
+    return check_windows(q, t, module.decoder.config.codebook_size, n, seed)
+
+
+def check_method(run: RunFn, module: Windowed | Stateful, method: str, codes: Sequence[Tensor]) -> Diff:
+    """Run `codes` through `run` and through the eager module; diff of the wav outputs.
+    Stateful: the codes are consecutive chunks, each side feeding back its own state."""
+    diffs = []
+    ref_state = cand_state = module.initial_state()
+    for c in codes:
+        with torch.no_grad():
+            ref = module(c, *ref_state)
+        ref = ref if isinstance(ref, tuple) else (ref,)
+        out = run(method, (c, *cand_state))
+        diffs.append(compare(out[0], ref[0]))
+        ref_state, cand_state = tuple(ref[1:]), tuple(out[1:])
+    return combine(diffs)
+
+
+def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence[int], context: int,
+          out_dir: Path | None, *, multi_method: bool = False, windows: int = 3, seed: int = 0,
+          stem: str = "code2wav", progress: Callable[[str], None] = lambda s: None
+          ) -> tuple[list[ProgramResult], dict[str, Loaded]]:
+    """Run `flow`'s stages for every (variant, chunk) program and check each against eager.
+
+    Comparable stages are checked on the first window; the loaded program (RUN) on all `windows`,
+    through a Runner so its input checks are exercised too. Returns the results and {method:
+    loaded program}. Raises FlowError when a stage cannot run; parity is judged by the caller."""
+    modules = {m.method: m for m in (make_variant(decoder, v, c, context) for v in variants for c in ramp)}
+    groups = [list(modules)] if multi_method else [[m] for m in modules]
+    tol = tolerance(flow.name)
+    results, loaded_by_method = [], {}
+    for group in groups:
+        t0 = time.perf_counter()
+        mods = {m: modules[m] for m in group}
+        inputs = {m: parity_inputs(mods[m], windows, seed) for m in group}
+        work = Work(dict(mods), {m: (inputs[m][0], *mods[m].initial_state()) for m in group}, out_dir,
+                    stem if multi_method else f"{stem}_{group[0]}")
+        res = {m: ProgramResult(flow.name, mods[m].spec(), None, tol, windows=windows, module=mods[m]) for m in group}
+        artifact, seconds = mods, {}
+        for stage in flow.stages:
+            t = time.perf_counter()
+            try:
+                artifact = stage.run(artifact, work)
+            except FlowError:
+                raise
+            except Exception as e:
+                raise FlowError(f"{flow.name}: stage '{stage.name}' failed for {group}: {type(e).__name__}: {e}") from e
+            seconds[stage.name] = time.perf_counter() - t
+            if stage.compared:
+                program = stage.program(artifact)
+                for m in group:
+                    res[m].stages[stage.name] = check_method(program.run, mods[m], m, inputs[m][:1])
+        loaded = artifact  # the last stage is always load (Flow checks the order)
+        runner = Runner(flow.name, loaded, {m: res[m].spec for m in group}, decoder.config.codebook_size)
+        for m in group:
+            r = res[m]
+            r.stages[RUN] = check_method(runner.run, mods[m], m, inputs[m])
+            r.path = work.paths.get(m)
+            r.bytes = r.path.stat().st_size if r.path else 0
+            r.seconds = {s: v / len(group) for s, v in seconds.items()}
+            loaded_by_method[m] = loaded
+            results.append(r)
+            status = "ok" if r.passed else "OVER TOLERANCE"
+            progress(f"[{len(results)}/{len(modules)}] {flow.name} {m} (chunk {r.spec.chunk}): "
+                     f"{time.perf_counter() - t0:.1f}s, {r.bytes / 1e6:.1f} MB, {r.diff.describe()} -> {status}")
+    return results, loaded_by_method

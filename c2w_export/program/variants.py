@@ -1,0 +1,165 @@
+"""Export variants: the I/O contracts that ship, and their specs.
+
+- windowed (stateless, method `chunk_<n>`): codes int64 [1, Q, context + chunk] -> wav float32
+  [1, chunk * hop], the audio of the last `chunk` frames only. Recomputes `context` frames every call.
+- stateful (method `stateful_chunk_<n>`): (codes int64 [1, Q, chunk], *state) -> (wav float32
+  [1, chunk * hop], *new_state). State order and shapes are `Code2Wav.state_spec()`; nothing is
+  mutated in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..model.decoder import Code2Wav
+from .codes import random_codes
+
+VARIANTS = ("windowed", "stateful")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without the "torch." prefix
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TensorSpec":
+        return cls(d["name"], tuple(d["shape"]), d["dtype"])
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    method: str  # "chunk_4" or "stateful_chunk_4"
+    variant: str  # "windowed" | "stateful"
+    chunk: int
+    context: int  # 0 for stateful
+    inputs: tuple[TensorSpec, ...]  # codes first, then the state (stateful)
+    outputs: tuple[TensorSpec, ...]  # wav first, then the new state (stateful)
+
+    def to_json(self) -> dict:
+        return {"method": self.method, "variant": self.variant, "chunk": self.chunk, "context": self.context,
+                "inputs": [s.to_json() for s in self.inputs], "outputs": [s.to_json() for s in self.outputs]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "MethodSpec":
+        return cls(d["method"], d["variant"], int(d["chunk"]), int(d["context"]),
+                   tuple(TensorSpec.from_json(s) for s in d["inputs"]),
+                   tuple(TensorSpec.from_json(s) for s in d["outputs"]))
+
+    @property
+    def frames(self) -> int:
+        """Code frames per call."""
+        return self.context + self.chunk
+
+
+def method_name(variant: str, chunk: int) -> str:
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
+    return f"chunk_{chunk}" if variant == "windowed" else f"stateful_chunk_{chunk}"
+
+
+def _dtype_name(d: torch.dtype) -> str:
+    return str(d).removeprefix("torch.")
+
+
+def initial_state(decoder: Code2Wav) -> tuple[Tensor, ...]:
+    """A stream's start state as the stateful methods take it: tensors in `state_spec()` order."""
+    init = decoder.initial_state()
+    return tuple(init[n] for n, _, _ in decoder.state_spec())
+
+
+class _Variant(nn.Module):
+    variant: str  # the name in VARIANTS, manifests and method names
+
+    def __init__(self, decoder: Code2Wav, chunk: int, context: int):
+        super().__init__()
+        self.decoder, self.chunk, self.context = decoder, chunk, context
+
+    @property
+    def method(self) -> str:
+        return method_name(self.variant, self.chunk)
+
+    def spec(self) -> MethodSpec:
+        return MethodSpec(self.method, self.variant, self.chunk, self.context,
+                          tuple(self.input_specs()), tuple(self.output_specs()))
+
+    def _wav_spec(self) -> TensorSpec:
+        return TensorSpec("wav", (1, self.chunk * self.decoder.config.hop), _dtype_name(self.decoder.dtype))
+
+    def _codes_spec(self) -> TensorSpec:
+        return TensorSpec("codes", (1, self.decoder.config.num_quantizers, self.context + self.chunk), "int64")
+
+
+class Windowed(_Variant):
+    """codes int64 [1, Q, context + chunk] -> wav [1, chunk * hop]."""
+
+    variant = "windowed"
+
+    def forward(self, codes: Tensor) -> Tensor:
+        wav, _ = self.decoder.step(codes, self.decoder.initial_state())
+        return wav[:, 0, self.context * self.decoder.config.hop:]
+
+    def input_specs(self) -> list[TensorSpec]:
+        return [self._codes_spec()]
+
+    def output_specs(self) -> list[TensorSpec]:
+        return [self._wav_spec()]
+
+    def state_specs(self) -> list[TensorSpec]:
+        return []
+
+    def initial_state(self) -> tuple[Tensor, ...]:
+        return ()
+
+
+class Stateful(_Variant):
+    """(codes int64 [1, Q, chunk], *state) -> (wav [1, chunk * hop], *new_state)."""
+
+    variant = "stateful"
+
+    def __init__(self, decoder: Code2Wav, chunk: int):
+        super().__init__(decoder, chunk, 0)
+        self.names = [n for n, _, _ in decoder.state_spec()]
+
+    def forward(self, codes: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
+        wav, new = self.decoder.step(codes, dict(zip(self.names, state)))
+        return (wav[:, 0], *(new[n] for n in self.names))
+
+    def input_specs(self) -> list[TensorSpec]:
+        return [self._codes_spec(), *self.state_specs()]
+
+    def output_specs(self) -> list[TensorSpec]:
+        return [self._wav_spec(), *self.state_specs()]
+
+    def state_specs(self) -> list[TensorSpec]:
+        return [TensorSpec(n, s, _dtype_name(d)) for n, s, d in self.decoder.state_spec()]
+
+    def initial_state(self) -> tuple[Tensor, ...]:
+        return initial_state(self.decoder)
+
+
+def make_variant(decoder: Code2Wav, variant: str, chunk: int, context: int) -> Windowed | Stateful:
+    if variant == "windowed":
+        return Windowed(decoder, chunk, context).eval()
+    if variant == "stateful":
+        return Stateful(decoder, chunk).eval()
+    raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
+
+
+def example_inputs(module: Windowed | Stateful, codes: Tensor | None = None, seed: int = 0) -> tuple[Tensor, ...]:
+    """Inputs matching the module's input specs: random codes (or `codes`) plus the initial state."""
+    if codes is None:
+        _, q, t = module.input_specs()[0].shape
+        codes = random_codes(q, t, module.decoder.config.codebook_size, seed)
+    return (codes, *module.initial_state())

@@ -1,0 +1,80 @@
+"""`c2w-export export`: build every chunk program, check each in its own runtime against eager
+(windows and whole streams), write artifacts + manifest.json. Over tolerance -> nothing ships.
+
+Everything is built in a staging directory inside `out_dir` and moved into place only when every
+program passed, so a failure halfway never leaves a partial manifest or artifact behind.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..model.checkpoint import load_decoder
+from ..model.decoder import Code2Wav
+from ..program.flows import FlowError, flow_for
+from ..program.pipeline import ParityError, build
+from ..program.runner import Dispatch, Runner
+from ..program.streaming import DEFAULT_CONTEXT, DEFAULT_RAMP, check_ramp, stream_check, stream_frames
+from ..program.variants import VARIANTS
+from . import manifest as mf
+
+
+def export_artifacts(model: str, out_dir: Path, *, ramp: Sequence[int] = DEFAULT_RAMP, context: int = DEFAULT_CONTEXT,
+                     backend: str = "executorch", partitioner: str | None = "xnnpack",
+                     variants: Sequence[str] = ("windowed",), multi_method: bool = False, windows: int = 3,
+                     bundle: bool = False, seed: int = 0, decoder: Code2Wav | None = None,
+                     progress: Callable[[str], None] = print) -> dict:
+    """Export, check and write. Returns the manifest; raises ParityError (nothing written) when a
+    program is over tolerance."""
+    for v in variants:
+        if v not in VARIANTS:
+            raise ValueError(f"unknown variant {v!r}; choose from {VARIANTS}")
+    ramp = check_ramp(ramp)
+    if context < 0:
+        raise ValueError(f"context must be >= 0, got {context}")
+    flow = flow_for(backend, partitioner)
+    reason = flow.unavailable()
+    if reason:
+        raise FlowError(f"{flow.name} is unavailable: {reason}")
+    if bundle and flow.backend != "executorch":
+        raise FlowError("--bundle needs the executorch backend (BundledProgram wraps a .pte)")
+    decoder = decoder if decoder is not None else load_decoder(model)
+    cfg = decoder.config
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=".staging-"))
+    try:
+        progress(f"exporting {len(variants) * len(ramp)} program(s) with {flow.name}: variants {list(variants)}, "
+                 f"ramp {ramp}, context {context}{', one multi-method file' if multi_method else ''}")
+        results, loaded = build(decoder, flow, variants, ramp, context, staging, multi_method=multi_method,
+                                windows=windows, seed=seed, progress=progress)
+        runners = {r.spec.method: Runner(flow.name, loaded[r.spec.method], {r.spec.method: r.spec}, cfg.codebook_size)
+                   for r in results}
+        frames = stream_frames(ramp, 3)
+        streams = stream_check(decoder, Dispatch(runners).run, variants, ramp, context, frames, seed + 1000)
+        for v, d in streams.items():
+            progress(f"stream check {v} ({frames} frames): {d.describe()}")
+        failures = [r.failure() for r in results if not r.passed]
+        tol = results[0].tolerance
+        failures += [f"{flow.name} {v} stream of {frames} frames diverged from eager: {d.describe()} "
+                     f"(tolerance max_abs<={tol.max_abs:g}, SNR>={tol.min_snr_db:g} dB)"
+                     for v, d in streams.items() if not d.within(tol)]
+        if failures:
+            raise ParityError("not shipped, over tolerance:\n  " + "\n  ".join(failures))
+        bundles = {}
+        if bundle:
+            from .bundle import write_bundles
+
+            bundles = write_bundles(results, progress)
+        manifest = mf.build(decoder, model, flow, variants, ramp, context, results, streams, bundles)
+        for f in staging.iterdir():
+            if f.is_file() and not f.name.startswith("."):
+                f.replace(out_dir / f.name)
+        mf.write(out_dir, manifest)
+        progress(f"wrote {len(results)} program(s) and {mf.MANIFEST} to {out_dir}")
+        return manifest
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

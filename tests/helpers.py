@@ -1,0 +1,104 @@
+"""The one test-helper module: random codes, the initial state, the offline reference, the
+--backends filter, case tables with readable ids, numerics-report rows, the session program cache
+and the Hypothesis strategies. Tests import this, never conftest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from c2w_export.program.codes import PATTERNS, code_window, random_codes
+from c2w_export.program.compare import Diff
+from c2w_export.program.variants import initial_state  # noqa: F401 (re-exported for tests)
+
+ALL_FLOWS = ("eager", "torch_export", "executorch_xnnpack", "executorch_portable")
+
+
+# ---------------------------------------------------------------- data
+def codes(decoder, frames: int, seed: int) -> torch.Tensor:
+    """Seeded uniform codes int64 [1, Q, frames] for `decoder`'s config."""
+    cfg = decoder.config
+    return random_codes(cfg.num_quantizers, frames, cfg.codebook_size, seed)
+
+
+def offline(decoder, c: torch.Tensor) -> torch.Tensor:
+    """The offline eager decode, [1, T*hop]."""
+    with torch.no_grad():
+        return decoder(c)[:, 0]
+
+
+# ---------------------------------------------------------------- selection and tables
+def selected_flows(config) -> list[str]:
+    return [f for f in config.getoption("--backends").split(",") if f]
+
+
+def require_flow(config, flow: str) -> None:
+    """Skip (with the reason shown) when the user filtered `flow` out with --backends."""
+    if flow not in selected_flows(config):
+        pytest.skip(f"{flow} not in --backends")
+
+
+def cases(table: Sequence[tuple]) -> list:
+    """[(id, *values)] -> pytest.param(*values, id=id)."""
+    return [pytest.param(*row[1:], id=row[0]) for row in table]
+
+
+def numerics_row(flow: str, variant: str, chunk: int | None, diff: Diff, stages: dict[str, Diff] | None = None) -> dict:
+    """One row of reports/numerics.md."""
+    return {"flow": flow, "variant": variant, "chunk": chunk, "max_abs": diff.max_abs, "snr_db": diff.snr_db,
+            **({"stages": {s: d.max_abs for s, d in stages.items()}} if stages else {})}
+
+
+# ---------------------------------------------------------------- programs
+class ProgramCache:
+    """Exports each (flow, variant) once per session: every ramp chunk as a method of one
+    program, checked stage by stage against eager."""
+
+    def __init__(self, decoder, ramp, context, root: Path):
+        self.decoder, self.ramp, self.context, self.root = decoder, ramp, context, root
+        self._built: dict = {}
+
+    def get(self, flow_name: str, variant: str):
+        """-> ({method: ProgramResult}, {method: Loaded})."""
+        key = (flow_name, variant)
+        if key not in self._built:
+            from c2w_export.program.flows import get_flow
+            from c2w_export.program.pipeline import build
+
+            flow = get_flow(flow_name)
+            reason = flow.unavailable()
+            if reason:  # a broken backend is a failure, never a silent skip
+                pytest.fail(f"flow {flow_name} unavailable: {reason}")
+            results, loaded = build(self.decoder, flow, [variant], self.ramp, self.context,
+                                    self.root / f"{flow_name}-{variant}", multi_method=True, windows=3,
+                                    progress=lambda s: print(s, flush=True))
+            self._built[key] = ({r.spec.method: r for r in results}, loaded)
+        return self._built[key]
+
+    def runner(self, flow_name: str, variant: str):
+        """A Dispatch over the (flow, variant) program: run(method, inputs) with input checks."""
+        from c2w_export.program.runner import Dispatch, Runner
+
+        results, loaded = self.get(flow_name, variant)
+        return Dispatch({m: Runner(flow_name, loaded[m], {m: r.spec}, self.decoder.config.codebook_size)
+                         for m, r in results.items()})
+
+
+# ---------------------------------------------------------------- Hypothesis strategies
+seeds = st.integers(min_value=0, max_value=2**31 - 1)
+patterns = st.sampled_from(PATTERNS)
+
+
+@st.composite
+def code_windows(draw, q: int, t: int, codebook_size: int):
+    """int64 [1, q, t]: uniform, all 0, all codebook_size-1, repeated-frame runs, or one hot spot."""
+    return code_window(draw(patterns), q, t, codebook_size, draw(seeds))
+
+
+def ramps(max_chunk: int = 25):
+    """Ramp schedules: sorted distinct chunk sizes."""
+    return st.lists(st.integers(1, max_chunk), min_size=1, max_size=5, unique=True).map(sorted)
