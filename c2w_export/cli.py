@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from .model.synth import STRESS
 from .program.streaming import DEFAULT_CONTEXT, DEFAULT_RAMP
 from .ship.verify import EXIT_OK, EXIT_PARITY
 
@@ -17,12 +18,16 @@ DEMO_FRAMES = 120  # 9.6 s of audio
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="c2w-export", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also show third-party warnings and logs (torch, torchao, ExecuTorch)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("synth", help="write a seeded synthetic checkpoint in the real layout")
     s.add_argument("--preset", choices=["tiny", "real"], default="tiny")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", required=True, type=Path)
+    s.add_argument("--stress", nargs="+", choices=[*STRESS, "all"], default=[],
+                   help="reach what Gaussian weights never do (the output and usage clamps, RMSNorm eps, outliers)")
 
     e = sub.add_parser("export", help="export, check against eager, write artifacts + manifest.json")
     e.add_argument("--model", required=True, help="model directory or hub id")
@@ -50,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true")
     v.add_argument("--windows", type=int, default=3)
 
-    g = sub.add_parser("golden", help="check (default) or --update tests/golden from the tiny seed-0 checkpoint")
+    g = sub.add_parser("golden", help="check (default) or --update tests/golden (tiny seed 0, plain and stress)")
     g.add_argument("--update", action="store_true")
     g.add_argument("--dir", type=Path, default=None)
 
@@ -64,8 +69,25 @@ def _err(msg: str) -> None:
     print(f"c2w-export: error: {msg}", file=sys.stderr)
 
 
+def quiet_third_party() -> None:
+    """Keep torch / torchao / ExecuTorch warnings and log lines out of the terminal (-v shows
+    them); our own output is printed, never warned, so none of it is hidden."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", module=r"c2w_export(\.|$)")
+    for name in ("torch", "torchao", "executorch"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    from .program import flows
+
+    flows.QUIET_NATIVE = True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if not args.verbose:
+        quiet_third_party()
     from .model.checkpoint import CheckpointError
     from .model.config import ConfigError
     from .model.validate import InputError
@@ -91,8 +113,10 @@ def cmd_synth(a) -> int:
     from .model.synth import synth
 
     t = time.perf_counter()
-    root = synth(a.preset, a.seed, a.out)
-    print(f"wrote {a.preset} seed {a.seed} checkpoint to {root} in {time.perf_counter() - t:.1f}s")
+    stress = STRESS if "all" in a.stress else a.stress
+    root = synth(a.preset, a.seed, a.out, stress)
+    extra = f" (stress: {', '.join(stress)})" if stress else ""
+    print(f"wrote {a.preset} seed {a.seed}{extra} checkpoint to {root} in {time.perf_counter() - t:.1f}s")
     return EXIT_OK
 
 

@@ -31,6 +31,10 @@ def pytest_addoption(parser):
     g.addoption("--backends", default=",".join(ALL_FLOWS), help="comma-separated flows to test")
     g.addoption("--real", action="store_true", help="also run real-size (slow) tests")
     g.addoption("--bench", action="store_true", help="run benchmarks (tests/bench)")
+    g.addoption("--check-baseline", action="store_true",
+                help="fail the run when a flow's max abs grew > 10x against reports/numerics-baseline.json (tox -e parity)")
+    g.addoption("--save-baseline", action="store_true",
+                help="write reports/numerics-baseline.json from this run (a complete run only)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -94,6 +98,31 @@ def decoder(model_dir):
 
 
 @pytest.fixture(scope="session")
+def stress_decoder():
+    """The combined stress checkpoint (tiny, seed 0): the golden set tiny_stress_seed0's decoder."""
+    from c2w_export.report.golden import golden_decoder
+
+    return golden_decoder("tiny_stress_seed0")
+
+
+@pytest.fixture(scope="session")
+def stress_programs(stress_decoder, ramp, context, tmp_path_factory) -> ProgramCache:
+    """Stress-checkpoint programs: the first two ramp chunks (lowering time), every flow."""
+    return ProgramCache(stress_decoder, ramp[:2], context, tmp_path_factory.mktemp("stress-programs"), gate="stress")
+
+
+@pytest.fixture(scope="session")
+def oracle(decoder):
+    """The upstream decoder on the session checkpoint: part of the gate, so missing is a failure."""
+    from upstream import Oracle
+
+    try:
+        return Oracle(decoder)
+    except ImportError as e:
+        pytest.fail(str(e))
+
+
+@pytest.fixture(scope="session")
 def real_model_dir(tmp_path_factory) -> str:
     from c2w_export.model.synth import synth
 
@@ -107,12 +136,74 @@ def programs(decoder, ramp, context, tmp_path_factory) -> ProgramCache:
     return ProgramCache(decoder, ramp, context, tmp_path_factory.mktemp("programs"))
 
 
+ROWS: list[dict] = []  # numerics rows of this session (helpers.numerics_row)
+REPORTS = Path(__file__).resolve().parents[1] / "reports"
+ROW_MODULES = ("test_parity.py", "test_streaming.py", "test_golden.py")  # the tests that log rows
+DESELECTED: list = []
+
+
 @pytest.fixture(scope="session")
 def numerics_log():
-    """Parity numbers collected during the run; written to reports/ at session end."""
-    rows: list[dict] = []
-    yield rows
-    if rows:
-        from c2w_export.report.parity import write_parity_reports
+    """Parity numbers collected during the run; reports/ is written at session end, by a complete run only."""
+    return ROWS
 
-        write_parity_reports(rows, Path(__file__).resolve().parents[1] / "reports")
+
+def pytest_deselected(items):
+    DESELECTED.extend(items)
+
+
+def partial_reason(session, exitstatus) -> str | None:
+    """Why this run must not rewrite the committed reports (None: a complete run of its matrix).
+    The parity matrix is everything with default options; the real matrix is `--real -m real`."""
+    opt = session.config.option
+    get = session.config.getoption
+    real = get("--real") and opt.markexpr == "real"
+    if exitstatus != 0 or session.testsfailed:
+        return "a test failed"
+    if opt.keyword or (opt.markexpr and not real):
+        return "-k / -m filtered the tests"
+    if opt.maxfail:
+        return "-x / --maxfail"
+    if DESELECTED or getattr(opt, "lf", False) or getattr(opt, "failedfirst", False):
+        return "tests were deselected"
+    defaults = {"--backends": ",".join(ALL_FLOWS), "--ramp": "2,4,8,16,25", "--context": 72, "--model": None, "--preset": "tiny"}
+    changed = [k for k, v in defaults.items() if get(k) != v]
+    if changed:
+        return f"non-default {', '.join(changed)}"
+    files = {Path(str(i.fspath)).name for i in session.items}
+    missing = [m for m in ROW_MODULES if m not in files] if not real else []
+    if missing:
+        return f"only part of the suite ran (not {', '.join(missing)})"
+    return None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not ROWS or not hasattr(session.config.option, "markexpr"):
+        return
+    from c2w_export.report import parity as pr
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter:
+        reporter.ensure_newline()
+    say = reporter.write_line if reporter else print
+    real = all(r["flow"].endswith("(real)") for r in ROWS)
+    suffix = "-real" if real else ""
+    baseline_path = REPORTS / f"numerics-baseline{suffix}.json"
+    baseline = pr.load_baseline(baseline_path)
+    if session.config.getoption("--check-baseline"):
+        bad = pr.regressions(ROWS, baseline)
+        if baseline is None:
+            say(f"numerics baseline: none at {baseline_path}; nothing to compare")
+        for line in bad:
+            say(f"numerics regression: {line}")
+        if bad and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    why = partial_reason(session, session.exitstatus)
+    if why:
+        say(f"reports/ not rewritten: partial run ({why})")
+        return
+    pr.write_parity_reports(ROWS, REPORTS, suffix, "real" if real else "tiny", baseline)
+    say(f"wrote reports/parity{suffix}.md and reports/numerics{suffix}.md ({len(ROWS)} rows)")
+    if session.config.getoption("--save-baseline"):
+        pr.save_baseline(ROWS, baseline_path)
+        say(f"wrote {baseline_path.relative_to(REPORTS.parent)}: review its diff like code")

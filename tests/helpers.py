@@ -47,10 +47,12 @@ def cases(table: Sequence[tuple]) -> list:
     return [pytest.param(*row[1:], id=row[0]) for row in table]
 
 
-def numerics_row(flow: str, variant: str, chunk: int | None, diff: Diff, stages: dict[str, Diff] | None = None) -> dict:
-    """One row of reports/numerics.md."""
-    return {"flow": flow, "variant": variant, "chunk": chunk, "max_abs": diff.max_abs, "snr_db": diff.snr_db,
-            **({"stages": {s: d.max_abs for s, d in stages.items()}} if stages else {})}
+def numerics_row(flow: str, variant: str, chunk: int | None, diff: Diff, stages: dict[str, Diff] | None = None,
+                 reference: str | None = None) -> dict:
+    """One row of reports/numerics.md; `reference` defaults to what a build compares the flow with."""
+    reference = reference or ("fp64 decode" if flow.split()[0] == "eager" else "fp32 eager decoder")
+    return {"flow": flow, "variant": variant, "chunk": chunk, "reference": reference, "max_abs": diff.max_abs,
+            "snr_db": diff.snr_db, **({"stages": {s: d.max_abs for s, d in stages.items()}} if stages else {})}
 
 
 # ---------------------------------------------------------------- programs
@@ -58,8 +60,9 @@ class ProgramCache:
     """Exports each (flow, variant) once per session: every ramp chunk as a method of one
     program, checked stage by stage against eager."""
 
-    def __init__(self, decoder, ramp, context, root: Path):
+    def __init__(self, decoder, ramp, context, root: Path, gate: str | None = None):
         self.decoder, self.ramp, self.context, self.root = decoder, ramp, context, root
+        self.gate = gate  # tolerance key for every flow (the stress checkpoint's); default: the flow's
         self._built: dict = {}
 
     def get(self, flow_name: str, variant: str):
@@ -75,7 +78,7 @@ class ProgramCache:
                 pytest.fail(f"flow {flow_name} unavailable: {reason}")
             results, loaded = build(self.decoder, flow, [variant], self.ramp, self.context,
                                     self.root / f"{flow_name}-{variant}", multi_method=True, windows=3,
-                                    progress=lambda s: print(s, flush=True))
+                                    progress=lambda s: print(s, flush=True), gate=self.gate)
             self._built[key] = ({r.spec.method: r for r in results}, loaded)
         return self._built[key]
 

@@ -58,18 +58,31 @@ def copy_of(tmp_path):
 
 
 # ---------------------------------------------------------------- the happy path
-def test_manifest_v1_contents(artifacts, decoder):
+def test_manifest_v1_contents(artifacts, model_dir):
+    """The manifest against what it describes, measured independently: the hashes of the
+    checkpoint's own files (config canonicalised by json, not by DecoderConfig), the files on disk."""
+    import hashlib
+    from pathlib import Path
+
+    from c2w_export.program.flows import FLOWS
+
     m = mf.load(artifacts)
     assert m["format_version"] == 1
     assert m["decode"] == {"variants": ["windowed", "stateful"], "ramp": [2, 4], "context_frames": 72, "hop": 1920,
                            "sample_rate": 24000, "num_quantizers": 16, "codebook_size": 2048}
-    assert m["model"]["config_sha256"] == decoder.config.canonical_sha256()
+    st = Path(model_dir) / "speech_tokenizer"
+    config = json.loads((st / "config.json").read_text())
+    assert m["model"]["config_sha256"] == hashlib.sha256(
+        json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert m["model"]["weights_sha256"] == hashlib.sha256((st / "model.safetensors").read_bytes()).hexdigest()
     assert [p["method"] for p in m["programs"]] == ["chunk_2", "chunk_4", "stateful_chunk_2", "stateful_chunk_4"]
     for p in m["programs"]:
-        assert not os.path.isabs(p["path"]) and (artifacts / p["path"]).is_file()
+        path = artifacts / p["path"]
+        assert not os.path.isabs(p["path"]) and path.is_file()
+        assert p["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest() and p["bytes"] == path.stat().st_size
         assert p["verified"] is True and p["backend"] == "torch_export"
         assert p["parity"]["windows"] >= 3 and p["parity"]["streams"] >= 1
-        assert p["parity"]["max_abs"] <= p["tolerance"]["max_abs"]
+        assert list(p["parity"]["stages"]) == FLOWS["torch_export"].compared
     stateful = m["programs"][2]
     assert [s["name"] for s in stateful["inputs"]][:2] == ["codes", "pos"]
     assert [s["name"] for s in m["state"]] == [s["name"] for s in stateful["inputs"][1:]]
@@ -180,6 +193,10 @@ BAD_ARTIFACTS = [
     ("format-version", _manifest_edit(lambda m: m.__setitem__("format_version", 2)), "unknown format_version 2"),
     ("no-manifest", lambda r: (r / "manifest.json").unlink(), "no manifest.json"),
     ("not-json", lambda r: (r / "manifest.json").write_text("{"), "not valid JSON"),
+    ("absolute-path", _manifest_edit(lambda m: m["programs"][0].__setitem__("path", "/etc/passwd")), "must be relative"),
+    ("dotdot-path", _manifest_edit(lambda m: m["programs"][0].__setitem__("path", "../code2wav.pte")), "must be relative"),
+    ("dotdot-bundle", _manifest_edit(lambda m: m["programs"][0]["bundle"].__setitem__("path", "../x.bpte")), "must be relative"),
+    ("damaged-bpte", lambda r: _flip(r / "code2wav.bpte"), "code2wav.bpte: sha256 mismatch"),
 ]
 
 
@@ -263,6 +280,85 @@ def test_verify_parity_failure_exits_1(artifacts, tmp_path):
     rc, so, se = c2w("verify", "--artifacts", artifacts, "--model", other)
     assert rc == 1, so + se
     assert "different checkpoint" in so and "over tolerance" in so and "FAIL" in so
+
+
+def _rehash(root, rel):
+    """Record a replaced file's size and sha256 in the manifest, as an attacker would."""
+    import hashlib
+
+    def edit(m):
+        for p in m["programs"]:
+            data = (root / rel).read_bytes()
+            if p["path"] == rel:
+                p["sha256"], p["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+            if p.get("bundle", {}).get("path") == rel:
+                p["bundle"]["sha256"] = hashlib.sha256(data).hexdigest()
+    _manifest_edit(edit)(root)
+
+
+def test_verify_rejects_replaced_program_with_loosened_tolerance(artifacts, copy_of, tmp_path):
+    """A program from another checkpoint, its sha256 and a loose tolerance written into the
+    manifest: verify checks at the installed table's tolerance, names the method and the looser record."""
+    other_model, other = tmp_path / "m1", tmp_path / "a1"
+    assert cli.main(["synth", "--seed", "1", "--out", str(other_model)]) == 0
+    assert cli.main(["export", "--model", str(other_model), "--out-dir", str(other), "--ramp", "2",
+                     "--backend", "torch_export"]) == 0
+    root = copy_of(artifacts)
+    shutil.copy(other / "code2wav_chunk_2.pt2", root / "code2wav_chunk_2.pt2")
+    _rehash(root, "code2wav_chunk_2.pt2")
+    _manifest_edit(lambda m: [p.__setitem__("tolerance", {"max_abs": 10.0, "min_snr_db": -100.0, "why": "trust me"})
+                              for p in m["programs"]])(root)
+    rc, so, se = c2w("verify", "--artifacts", root, "--json")
+    assert rc == 1, so + se
+    rows = json.loads(so)["rows"]
+    failed = {(r["check"], r["target"]) for r in rows if not r["passed"]}
+    assert ("windows", "chunk_2") in failed and ("windows", "chunk_4") not in failed, failed
+    assert ("tolerance", "chunk_2") in failed
+    loose = next(r for r in rows if r["check"] == "tolerance")
+    assert "looser tolerance" in loose["detail"] and loose["tolerance"]["max_abs"] == 3e-5
+
+
+def test_verify_names_the_wrong_method_of_a_multi_method_pte(et_artifacts, copy_of, decoder, tmp_path):
+    """One .pte whose stateful method comes from another checkpoint (hashes and bundle rewritten):
+    its windows, stream and bundled vectors fail by name, the other method passes."""
+    from c2w_export.model.config import preset
+    from c2w_export.model.synth import make_decoder
+    from c2w_export.program.flows import Export, Lower, SerializePte, Work
+    from c2w_export.program.pipeline import ProgramResult
+    from c2w_export.program.tolerances import tolerance
+    from c2w_export.program.variants import initial_state, make_variant
+    from c2w_export.ship.bundle import write_bundles
+
+    other = make_decoder(preset("tiny"), 1)
+    mods = {"chunk_2": make_variant(decoder, "windowed", 2, 72), "stateful_chunk_2": make_variant(other, "stateful", 2, 0)}
+    root = copy_of(et_artifacts)
+    work = Work(mods, {"chunk_2": (torch.zeros(1, 16, 74, dtype=torch.int64),),
+                       "stateful_chunk_2": (torch.zeros(1, 16, 2, dtype=torch.int64), *initial_state(other))},
+                root, "code2wav")
+    SerializePte().run(Lower("portable").run(Export().run(mods, work), work), work)
+    results = [ProgramResult("executorch_xnnpack", m.spec(), root / "code2wav.pte", tolerance("executorch_xnnpack"))
+               for m in mods.values()]
+    write_bundles(results, lambda s: None, reference=decoder)  # expected outputs from the right decoder
+    _rehash(root, "code2wav.pte")
+    _rehash(root, "code2wav.bpte")
+    rc, so, se = c2w("verify", "--artifacts", root, "--json")
+    assert rc == 1, so + se
+    rows = json.loads(so)["rows"]
+    failed = {(r["check"], r["target"]) for r in rows if not r["passed"]}
+    assert ("windows", "stateful_chunk_2") in failed and ("bundle", "stateful_chunk_2") in failed, failed
+    assert ("windows", "chunk_2") not in failed and ("bundle", "chunk_2") not in failed, failed
+    assert any(c == "stream" and t.startswith("stateful") for c, t in failed), failed
+
+
+def test_verify_reports_an_extra_method(et_artifacts, copy_of):
+    """A file holding a method the manifest does not name fails the 'methods' check by name."""
+    root = copy_of(et_artifacts)
+    _manifest_edit(lambda m: m.__setitem__("programs", [p for p in m["programs"] if p["method"] != "stateful_chunk_2"]))(root)
+    _manifest_edit(lambda m: m["decode"].__setitem__("variants", ["windowed"]))(root)
+    rc, so, se = c2w("verify", "--artifacts", root, "--json")
+    assert rc == 1, so + se
+    row = next(r for r in json.loads(so)["rows"] if r["check"] == "methods")
+    assert not row["passed"] and "stateful_chunk_2" in row["detail"]
 
 
 def test_over_tolerance_is_not_shipped(model_dir, tmp_path, monkeypatch, capsys):

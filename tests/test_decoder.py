@@ -58,8 +58,20 @@ def test_fp64_agrees_with_fp32(model_dir, decoder):
     from c2w_export import load_decoder
 
     d64 = load_decoder(model_dir, dtype=torch.float64)
-    cfg = decoder.config
     codes = random_codes(decoder, 30, 0)
     with torch.no_grad():
         d = compare(decoder(codes), d64(codes))
     assert d.max_abs < 1e-5 and d.snr_db > 95, d.describe()
+
+
+@given(t=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_offline_equals_one_step_from_the_zero_state(decoder, t, seed):
+    """Two code paths that must agree: the stateless offline decode (zero padding, no K/V cache)
+    and one streaming step from initial_state() (zero history and masked zero keys)."""
+    codes = random_codes(decoder, t, seed)
+    with torch.no_grad():
+        offline = decoder(codes)
+        stepped, new = decoder.step(codes, decoder.initial_state())
+    d = compare(offline, stepped)
+    assert d.within(tolerance("eager_resized")), d.describe()
+    assert set(new) == {n for n, _, _ in decoder.state_spec()}

@@ -1,4 +1,6 @@
-"""Windowed programs of every flow at every ramp chunk against eager (issue: export pipeline).
+"""Windowed programs of every flow at every ramp chunk against independent references: the build
+compares artifact flows with the fp32 eager decoder and the eager flow with the fp64 decode; the
+contract and drawn windows compare every flow with upstream's decode of the same window.
 
 Ids read `<flow>-chunk<n>`. Programs are exported once per session (ProgramCache)."""
 
@@ -11,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 from c2w_export.model.validate import InputError
 from c2w_export.program.compare import compare
 from c2w_export.program.flows import FLOWS, ModuleLoaded, Loaded
-from c2w_export.program.pipeline import check_method
+from c2w_export.program.pipeline import build
 from c2w_export.program.runner import Runner
 from c2w_export.program.tolerances import PERTURBATION, tolerance
 from c2w_export.program.variants import Windowed, make_variant, method_name
@@ -32,8 +34,9 @@ def test_stages_within_tolerance(windowed, flow_name, chunk, numerics_log):
     assert list(r.stages) == FLOWS[flow_name].compared
 
 
-def test_output_contract(programs, windowed, flow_name, chunk, decoder, context):
-    """Shape [1, chunk*hop], float32, finite, deterministic, within tolerance on a fresh window."""
+def test_output_contract(programs, windowed, flow_name, chunk, decoder, context, oracle):
+    """Shape [1, chunk*hop], float32, finite, deterministic, within tolerance of upstream's decode
+    of a fresh window."""
     run = programs.runner(flow_name, "windowed").run
     method = method_name("windowed", chunk)
     c = codes(decoder, context + chunk, seed=chunk)
@@ -43,31 +46,19 @@ def test_output_contract(programs, windowed, flow_name, chunk, decoder, context)
     assert wav.shape == (1, chunk * decoder.config.hop) and wav.dtype == torch.float32
     assert torch.isfinite(wav).all()
     assert torch.equal(run(method, (c,))[0], wav), "not deterministic"
-    with torch.no_grad():
-        ref = Windowed(decoder, chunk, context)(c)
-    d = compare(wav, ref)
-    assert d.within(tolerance(flow_name)), d.describe()
+    d = compare(wav, oracle.window(c, context))
+    assert d.within(tolerance(flow_name)), f"{flow_name} {method} vs upstream: {d.describe()}"
 
 
 @settings(max_examples=6)
 @given(data=st.data())
-def test_drawn_windows(programs, windowed, flow_name, chunk, decoder, context, data):
+def test_drawn_windows(programs, windowed, flow_name, chunk, decoder, context, oracle, data):
+    """Drawn code patterns through every program, against upstream's decode of the same window."""
     cfg = decoder.config
     c = data.draw(code_windows(cfg.num_quantizers, context + chunk, cfg.codebook_size))
     run = programs.runner(flow_name, "windowed").run
-    with torch.no_grad():
-        ref = Windowed(decoder, chunk, context)(c)
-    d = compare(run(method_name("windowed", chunk), (c,))[0], ref)
-    assert d.within(tolerance(flow_name)), d.describe()
-
-
-def test_eager_windowed_is_tail_of_full_decode(decoder, chunk, context):
-    c = codes(decoder, context + chunk, seed=7)
-    with torch.no_grad():
-        full = decoder(c)[:, 0]
-        win = Windowed(decoder, chunk, context)(c)
-    d = compare(win, full[:, context * decoder.config.hop:])
-    assert d.within(tolerance("eager_resized")), d.describe()
+    d = compare(run(method_name("windowed", chunk), (c,))[0], oracle.window(c, context))
+    assert d.within(tolerance(flow_name)), f"vs upstream: {d.describe()}"
 
 
 # ---------------------------------------------------------------- the gate can fail
@@ -79,28 +70,48 @@ PERTURBED = [
 
 
 @pytest.mark.parametrize("pick", cases(PERTURBED))
-def test_gate_rejects_perturbed_weight(decoder, ramp, context, pick):
-    """A 1e-3 relative change of one weight tensor of the exported module must fail parity."""
-    chunk = ramp[0]
+def test_build_rejects_perturbed_weight(decoder, ramp, context, tmp_path, pick):
+    """pipeline.build of a program whose module has one weight tensor changed by 1e-3 (relative),
+    checked against the checkpoint's decoder: every compared stage fails the gate."""
     bad = copy.deepcopy(decoder)
     with torch.no_grad():
         pick(bad).mul_(1 + PERTURBATION)
-    module = make_variant(bad, "windowed", chunk, context)
-    reference = make_variant(decoder, "windowed", chunk, context)
-    windows = [codes(decoder, context + chunk, s) for s in range(3)]
-    d = check_method(ModuleLoaded({"m": module}).run, reference, "m", windows)
-    assert not d.within(tolerance("executorch_xnnpack")), f"perturbation passed the gate: {d.describe()}"
+    results, _ = build(bad, FLOWS["torch_export"], ["windowed"], ramp[:1], context, tmp_path, reference=decoder)
+    r = results[0]
+    assert not r.passed, f"perturbation passed the gate: {r.diff.describe()}"
+    assert all(not d.within(r.tolerance) for d in r.stages.values()), r.failure()
+    assert "torch_export chunk_" in r.failure() and "diverged from the reference" in r.failure()
 
 
-def test_gate_rejects_window_off_by_one(decoder, ramp, context):
-    """Slicing the window one frame late (a classic off-by-one) must fail parity."""
-    chunk = ramp[0]
-    c = codes(decoder, context + chunk + 1, seed=3)
+def test_export_refuses_perturbed_program(model_dir, decoder, ramp, context, tmp_path):
+    """export_artifacts with a perturbed module of the checkpoint raises ParityError and writes nothing."""
+    from c2w_export.program.pipeline import ParityError
+    from c2w_export.ship.export import export_artifacts
+
+    bad = copy.deepcopy(decoder)
     with torch.no_grad():
-        good = Windowed(decoder, chunk, context)(c[:, :, 1:])
-        shifted = Windowed(decoder, chunk, context)(c[:, :, :-1])
-    d = compare(shifted, good)
-    assert not d.within(tolerance("executorch_xnnpack")), d.describe()
+        PERTURBED[0][1](bad).mul_(1 + PERTURBATION)
+    with pytest.raises(ParityError, match="not shipped, over tolerance"):
+        export_artifacts(model_dir, tmp_path, ramp=ramp[:1], context=context, backend="torch_export",
+                         variants=["stateful"], decoder=bad, progress=lambda s: None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stream_check_rejects_window_off_by_one(decoder, ramp, context, monkeypatch):
+    """The production stream check sees a window builder that slices one frame late: the windowed
+    stream's steady state is compared with the offline decode, which does not use the builder."""
+    import c2w_export.program.streaming as streaming
+
+    run = ModuleLoaded({method_name("windowed", c): make_variant(decoder, "windowed", c, context) for c in ramp}).run
+    frames = streaming.stream_frames(ramp, 3, context)
+    gate = tolerance("executorch_xnnpack")
+    good = streaming.stream_check(decoder, run, ["windowed"], ramp, context, frames, 3, gate)
+    assert all(s.passed for s in good), [s.describe() for s in good]
+    right = streaming.windowed_inputs
+    late = lambda codes, step, ctx: right(torch.cat([codes[:, :, :1], codes[:, :, :-1]], -1), step, ctx)
+    monkeypatch.setattr(streaming, "windowed_inputs", late)
+    bad = {s.name: s for s in streaming.stream_check(decoder, run, ["windowed"], ramp, context, frames, 3, gate)}
+    assert not bad["windowed-steady"].passed, bad["windowed-steady"].describe()
 
 
 # ---------------------------------------------------------------- bad input never reaches the runtime

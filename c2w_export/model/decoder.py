@@ -2,10 +2,13 @@
 
 Module names and parameter names follow the checkpoint (keys under `decoder.`), so
 `load_state_dict` is strict against the real file. One forward serves offline and streaming:
-`step(codes, state) -> (wav, new_state)`; offline decoding is one step from `initial_state()`.
+`step(codes, state) -> (wav, new_state)`; offline decoding is one step without state, which
+equals one step from `initial_state()` (tests/test_decoder.py checks it).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -14,11 +17,13 @@ from torch import Tensor, nn
 from .config import DecoderConfig
 from .layers import (
     CausalConv1d, CausalConvTranspose1d, LayerScale, RMSNorm, SnakeBeta, State, StatefulLeaf,
-    apply_rope, attention, rope_cos_sin, sliding_window_mask,
+    apply_rope, attention, mask_bias, rope_cos_sin, rope_inv_freq, sliding_window_mask,
 )
 from .validate import check_codes
 
 POSITION = "pos"  # state name of the stream's frame position, int64 [1]
+USAGE_FLOOR = 1e-5  # cluster_usage is clamped to at least this (dead codes have usage 0)
+OUTPUT_LIMIT = 1.0  # the waveform is clamped to [-OUTPUT_LIMIT, OUTPUT_LIMIT]
 
 
 # ---------------------------------------------------------------- split RVQ
@@ -30,7 +35,7 @@ class Codebook(nn.Module):
 
     def embedding(self) -> Tensor:
         """[size, dim]: the EMA codebook, usage clamped away from zero."""
-        return self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
+        return self.embedding_sum / self.cluster_usage.clamp(min=USAGE_FLOOR)[:, None]
 
 
 class _VQ(nn.Module):
@@ -88,25 +93,28 @@ class Attention(StatefulLeaf):
         self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=bias)
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=bias)
-        self.heads, self.kv_heads, self.head_dim = h, kv, d
-        self.window, self.cache = cfg.sliding_window, cfg.kv_cache_frames
+        self.heads, self.kv_heads, self.head_dim, self.cache = h, kv, d, cfg.kv_cache_frames
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         shape = (self.kv_heads, self.cache, self.head_dim)
         return {f"{self.state_name}.k": shape, f"{self.state_name}.v": shape}
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, q_pos: Tensor, k_pos: Tensor,
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, bias: Tensor,
                 state: State) -> tuple[Tensor, dict[str, Tensor]]:
-        """x [B, T, hidden]; cos/sin [T, D]; q_pos [T]; k_pos [W-1+T] -> [B, T, hidden]."""
+        """x [B, T, hidden]; cos/sin [T, D]; bias [T, W-1+T] (layers.mask_bias; [T, T] without a
+        cache in the state) -> [B, T, hidden]."""
         b, t, _ = x.shape
         q = apply_rope(self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2), cos, sin)
         k = apply_rope(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         kn, vn = f"{self.state_name}.k", f"{self.state_name}.v"
-        keys = torch.cat([state[kn], k], dim=2)
-        values = torch.cat([state[vn], v], dim=2)
-        out = attention(q, keys, values, sliding_window_mask(q_pos, k_pos, self.window), self.head_dim ** -0.5)
+        cached = kn in state
+        keys = torch.cat([state[kn], k], dim=2) if cached else k
+        values = torch.cat([state[vn], v], dim=2) if cached else v
+        out = attention(q, keys, values, bias, self.head_dim ** -0.5)
         out = self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        if not cached:
+            return out, {}
         start = keys.shape[2] - self.cache
         return out, {kn: keys[:, :, start:], vn: values[:, :, start:]}
 
@@ -134,9 +142,9 @@ class TransformerLayer(nn.Module):
         self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
         self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, q_pos: Tensor, k_pos: Tensor,
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, bias: Tensor,
                 state: State) -> tuple[Tensor, dict[str, Tensor]]:
-        a, new = self.self_attn(self.input_layernorm(x), cos, sin, q_pos, k_pos, state)
+        a, new = self.self_attn(self.input_layernorm(x), cos, sin, bias, state)
         x = x + self.self_attn_layer_scale(a)
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x))), new
 
@@ -149,17 +157,24 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
         self.head_dim, self.theta, self.cache = cfg.head_dim, float(cfg.rope_theta), cfg.kv_cache_frames
+        self.window = cfg.sliding_window
 
-    def forward(self, x: Tensor, pos: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
-        """x [B, T, latent], pos int64 [1] (the chunk's first frame) -> [B, T, latent]."""
+    def inv_freq(self, dtype: torch.dtype) -> Tensor:
+        """RoPE inverse frequencies [head_dim] (computed per call, as upstream does)."""
+        return rope_inv_freq(self.head_dim, self.theta, dtype)
+
+    def forward(self, x: Tensor, pos: Tensor | None, state: State) -> tuple[Tensor, dict[str, Tensor]]:
+        """x [B, T, latent], pos int64 [1] (the chunk's first frame; None: a stream start without
+        state, keys are this chunk's only) -> [B, T, latent]."""
         t = x.shape[1]
-        q_pos = pos + torch.arange(t, dtype=torch.int64)
-        k_pos = torch.cat([pos - self.cache + torch.arange(self.cache, dtype=torch.int64), q_pos])
+        q_pos = torch.arange(t, dtype=torch.int64) if pos is None else pos + torch.arange(t, dtype=torch.int64)
+        k_pos = q_pos if pos is None else torch.cat([pos - self.cache + torch.arange(self.cache, dtype=torch.int64), q_pos])
         h = self.input_proj(x)
-        cos, sin = rope_cos_sin(q_pos, self.head_dim, self.theta, h.dtype)
+        cos, sin = rope_cos_sin(q_pos, self.inv_freq(h.dtype), h.dtype)
+        bias = mask_bias(sliding_window_mask(q_pos, k_pos, self.window), h.dtype)  # once for every layer
         new: dict[str, Tensor] = {}
         for layer in self.layers:
-            h, s = layer(h, cos, sin, q_pos, k_pos, state)
+            h, s = layer(h, cos, sin, bias, state)
             new.update(s)
         return self.output_proj(self.norm(h)), new
 
@@ -270,14 +285,31 @@ class Code2Wav(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.pre_conv.conv.weight.dtype
 
+    def receptive_frames(self) -> int:
+        """Code frames of history that can change a frame's audio: every causal conv's history and
+        transposed conv's overlap, each at its own rate, plus the sliding-window attention chained
+        over the layers (tiny: 26, real size: 580). A windowed program whose context covers it is
+        exact in its steady state."""
+        reach = float(self.pre_conv.pad + len(self.pre_transformer.layers) * self.config.kv_cache_frames)
+        rate = 1  # samples per code frame at this point of the stack
+        convs = [m for stage in self.upsample for m in stage] + list(self.decoder)
+        for m in (x for c in convs for x in c.modules()):
+            if isinstance(m, CausalConvTranspose1d):
+                reach += -(-m.overlap // m.conv.stride[0]) / rate  # input samples the carry reaches back
+                rate *= m.conv.stride[0]
+            elif isinstance(m, CausalConv1d):
+                reach += m.pad / rate
+        return math.ceil(reach)
+
     # -------------------------------------------------------- compute
     def step(self, codes: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
-        """Unchecked core. codes int64 [B, Q, T], state -> (wav [B, 1, T*hop], new state)."""
+        """Unchecked core. codes int64 [B, Q, T], state -> (wav [B, 1, T*hop], new state).
+        An empty state decodes a stream start without state (no new state is returned)."""
         new: dict[str, Tensor] = {}
         h = self.quantizer(codes)
         h, s = self.pre_conv(h, state)
         new.update(s)
-        h, s = self.pre_transformer(h.transpose(1, 2), state[POSITION], state)
+        h, s = self.pre_transformer(h.transpose(1, 2), state.get(POSITION), state)
         new.update(s)
         h = h.transpose(1, 2)
         for stage in self.upsample:
@@ -289,13 +321,14 @@ class Code2Wav(nn.Module):
             else:
                 h, s = layer(h, state)
                 new.update(s)
-        new[POSITION] = state[POSITION] + codes.shape[-1]
-        return h.clamp(-1.0, 1.0), new
+        if POSITION in state:
+            new[POSITION] = state[POSITION] + codes.shape[-1]
+        return h.clamp(-OUTPUT_LIMIT, OUTPUT_LIMIT), new
 
     def forward(self, codes: Tensor) -> Tensor:
         """Offline decode with input checks. codes int64 [1, Q, T] -> float [1, 1, T*hop]."""
         self.check_codes(codes)
-        wav, _ = self.step(codes, self.initial_state())
+        wav, _ = self.step(codes, {})
         return wav
 
     def check_codes(self, codes: object, frames: int | None = None) -> None:

@@ -2,8 +2,11 @@
 
 A stateful leaf (`StatefulLeaf`) takes the whole state mapping and returns the new tensors for its
 own names: `forward(x, state) -> (y, {name: new tensor})` for convs, with extra inputs first for
-attention (`forward(x, cos, sin, q_pos, k_pos, state)`). Nothing is mutated in place. Offline decoding is streaming decoding of one chunk from the zero initial state: a causal
-conv's zero history is exactly the zero left padding of the offline conv.
+attention (`forward(x, cos, sin, bias, state)`). Nothing is mutated in place. A leaf whose names
+are absent from the state decodes a stream start without state (the offline decode): zero
+left padding for convs, nothing carried for transposed convs, no cached keys for attention. It
+equals one streaming step from the zero initial state: a causal conv's zero history is exactly
+the zero left padding, and zero keys at negative positions are masked out.
 """
 
 from __future__ import annotations
@@ -18,11 +21,19 @@ State = Mapping[str, Tensor]
 
 
 # ---------------------------------------------------------------- pure functions
+def snake_constants(log_alpha: Tensor, log_beta: Tensor) -> tuple[Tensor, Tensor]:
+    """SnakeBeta's per-channel constants from the stored logs [C] -> alpha, 1/(beta + 1e-9), [1, C, 1]."""
+    return torch.exp(log_alpha)[None, :, None], 1.0 / (torch.exp(log_beta)[None, :, None] + 1e-9)
+
+
+def snake(x: Tensor, alpha: Tensor, inv_beta: Tensor) -> Tensor:
+    """x + inv_beta * sin^2(alpha x). x [B, C, T], alpha / inv_beta [1, C, 1]."""
+    return x + inv_beta * torch.sin(x * alpha).pow(2)
+
+
 def snake_beta(x: Tensor, log_alpha: Tensor, log_beta: Tensor) -> Tensor:
     """SnakeBeta: x + 1/beta * sin^2(alpha x), alpha and beta stored as logs. x [B, C, T]."""
-    alpha = torch.exp(log_alpha)[None, :, None]
-    beta = torch.exp(log_beta)[None, :, None]
-    return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+    return snake(x, *snake_constants(log_alpha, log_beta))
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -33,12 +44,16 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * h.to(dtype)
 
 
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Default RoPE tables for int positions [T] -> cos, sin [T, head_dim], computed in >= float32."""
+def rope_inv_freq(head_dim: int, theta: float, dtype: torch.dtype) -> Tensor:
+    """Default RoPE inverse frequencies, each repeated for both halves: [head_dim], in >= float32."""
     work = torch.promote_types(dtype, torch.float32)
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(work) / head_dim))
-    freqs = positions.to(work)[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
+    return torch.cat((inv_freq, inv_freq))
+
+
+def rope_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """RoPE tables for int positions [T] and rope_inv_freq [D] -> cos, sin [T, D] in `dtype`."""
+    emb = positions.to(inv_freq.dtype)[:, None] * inv_freq
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
@@ -52,51 +67,60 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def sliding_window_mask(q_pos: Tensor, k_pos: Tensor, window: int) -> Tensor:
     """Bool [Tq, Tk]: key exists (pos >= 0), is not in the future, and is within `window` frames
     including the query itself (q - k < window)."""
-    delta = q_pos[:, None] - k_pos[None, :]
-    return (k_pos[None, :] >= 0) & (delta >= 0) & (delta < window)
+    delta = q_pos[:, None] - k_pos  # [Tq, Tk] by broadcasting
+    return (k_pos >= 0) & (delta >= 0) & (delta < window)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float) -> Tensor:
-    """q [B, H, Tq, D], k/v [B, Hkv, Tk, D], allowed [Tq, Tk] -> [B, H, Tq, D].
+def mask_bias(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """Bool [Tq, Tk] -> additive mask [Tq, Tk]: 0 where allowed, the dtype's lowest value elsewhere.
 
-    Softmax in >= float32. Masked scores get the dtype's lowest value, not -inf: every query sees
-    at least itself, and a finite fill keeps partitioners away from inf arithmetic."""
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(q, k.transpose(2, 3)) * scale
-    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    Not -inf: every query sees at least itself, and a finite fill keeps partitioners away from inf
+    arithmetic. Computed once per step, so the per-layer graph holds only an add."""
+    return torch.where(allowed, torch.zeros((), dtype=dtype), torch.full((), torch.finfo(dtype).min, dtype=dtype))
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
+    """q [B, H, Tq, D], k/v [B, Hkv, Tk, D], bias [Tq, Tk] (mask_bias) -> [B, H, Tq, D].
+
+    Grouped-query attention without copying K/V per head: the H = Hkv * G query heads are folded
+    into [B * Hkv, G * Tq, D], head h reading kv head h // G. Softmax in >= float32."""
+    b, h, tq, d = q.shape
+    kv = k.shape[1]
+    groups = h // kv
+    q = q.reshape(b * kv, groups * tq, d)  # 3-D batched matmuls: no broadcasting expands in the graph
+    k, v = k.reshape(b * kv, -1, d), v.reshape(b * kv, -1, d)
+    scores = torch.bmm(q, k.transpose(1, 2)) * scale + (bias.repeat(groups, 1) if groups > 1 else bias)
     weights = torch.softmax(scores.to(torch.promote_types(q.dtype, torch.float32)), dim=-1).to(q.dtype)
-    return torch.matmul(weights, v)
+    return torch.bmm(weights, v).reshape(b, h, tq, d)
 
 
-def causal_conv1d(x: Tensor, history: Tensor, weight: Tensor, bias: Tensor | None,
+def causal_conv1d(x: Tensor, history: Tensor | None, weight: Tensor, bias: Tensor | None,
                   dilation: int, groups: int) -> tuple[Tensor, Tensor]:
-    """Stride-1 causal conv. x [B, Cin, T], history [B, Cin, P] with P = (K-1)*dilation
-    -> y [B, Cout, T], new history [B, Cin, P] (the last P input samples seen)."""
-    xx = torch.cat([history, x], dim=-1)
+    """Stride-1 causal conv. x [B, Cin, T], history [B, Cin, P] with P = (K-1)*dilation, or None
+    for a stream start (zero left padding) -> y [B, Cout, T], new history [B, Cin, P] (the last P
+    input samples seen)."""
+    pad = (weight.shape[-1] - 1) * dilation
+    xx = torch.cat([history, x], dim=-1) if history is not None else F.pad(x, (pad, 0))
     y = F.conv1d(xx, weight, bias, dilation=dilation, groups=groups)
-    pad = history.shape[-1]
     return y, xx[..., xx.shape[-1] - pad:]
 
 
-def causal_conv_transpose1d(x: Tensor, carry: Tensor, weight: Tensor, bias: Tensor | None,
+def causal_conv_transpose1d(x: Tensor, carry: Tensor | None, weight: Tensor, bias: Tensor | None,
                             stride: int) -> tuple[Tensor, Tensor]:
     """Causal transposed conv, kernel K with S < K <= 2S or K == S.
 
-    x [B, Cin, T], carry [B, Cout, K-S] (the previous chunk's overlap tail, bias taken out)
-    -> y [B, Cout, T*S], new carry [B, Cout, K-S]. Offline this equals the full transposed conv
-    with its last K-S samples trimmed."""
+    x [B, Cin, T], bias [Cout] or [1, Cout, 1], carry [B, Cout, K-S] (the previous chunk's overlap
+    tail, bias taken out; None at a stream start: nothing to add) -> y [B, Cout, T*S], new carry
+    [B, Cout, K-S]. Offline this equals the full transposed conv with its last K-S samples trimmed."""
     full = F.conv_transpose1d(x, weight, None, stride=stride)  # [B, Cout, (T-1)*S + K]
     n = x.shape[-1] * stride
-    overlap = carry.shape[-1]
+    overlap = carry.shape[-1] if carry is not None else 0
     if overlap:
         y = torch.cat([full[..., :overlap] + carry, full[..., overlap:n]], dim=-1)
     else:
-        y = full[..., :n]
+        y = full[..., :n] if full.shape[-1] > n else full  # K == S: nothing to trim
     if bias is not None:
-        y = y + bias[None, :, None]
+        y = y + (bias if bias.dim() == 3 else bias[None, :, None])
     return y, full[..., n:]
 
 
@@ -136,9 +160,9 @@ class CausalConv1d(StatefulLeaf):
         if not self.pad:  # a 1x1 conv has no history
             return self.conv(x), {}
         key = f"{self.state_name}.history"
-        y, hist = causal_conv1d(x, state[key], self.conv.weight, self.conv.bias,
+        y, hist = causal_conv1d(x, state.get(key), self.conv.weight, self.conv.bias,
                                 self.conv.dilation[0], self.conv.groups)
-        return y, {key: hist}
+        return y, ({key: hist} if key in state else {})
 
 
 class CausalConvTranspose1d(StatefulLeaf):
@@ -155,10 +179,12 @@ class CausalConvTranspose1d(StatefulLeaf):
         return {f"{self.state_name}.carry": (self.conv.out_channels, self.overlap)} if self.overlap else {}
 
     def forward(self, x: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
+        return self._forward(x, state, self.conv.bias)
+
+    def _forward(self, x: Tensor, state: State, bias: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
         key = f"{self.state_name}.carry"
-        carry = state[key] if self.overlap else x.new_zeros(x.shape[0], self.conv.out_channels, 0)
-        y, new_carry = causal_conv_transpose1d(x, carry, self.conv.weight, self.conv.bias, self.conv.stride[0])
-        return y, ({key: new_carry} if self.overlap else {})
+        y, new_carry = causal_conv_transpose1d(x, state.get(key), self.conv.weight, bias, self.conv.stride[0])
+        return y, ({key: new_carry} if key in state else {})
 
 
 class RMSNorm(nn.Module):

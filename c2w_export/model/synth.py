@@ -3,6 +3,17 @@
 The decoder's default initialisation outputs exact zeros (zero codebooks), which makes every parity
 check pass vacuously. These weights are random at scales that keep activations O(1) through the
 stack, and the final conv is calibrated so the pre-clamp output has std TARGET_STD on random codes.
+
+Gaussian weights never reach some of the decoder's behaviour: the output clamp, the codebook-usage
+clamp, RMSNorm's epsilon. Stress options (STRESS) change a seeded checkpoint so they matter:
+
+- loud: pre-clamp std LOUD_STD, so ~10% of the samples lie beyond +-1 before the clamp;
+- dead-codes: DEAD_FRACTION of every codebook (always code 0, the stream pad, and the last code)
+  has cluster_usage 0, its embedding_sum scaled so the usage clamp sets its value;
+- small: the transformer's input projection scaled by SMALL_SCALE, so the first RMSNorm sees a
+  mean square of the order of its epsilon;
+- outliers: OUTLIER_CHANNELS channels of the conv decoder's first conv and of the first upsampler
+  multiplied by OUTLIER_GAIN.
 """
 
 from __future__ import annotations
@@ -11,16 +22,23 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
 from .checkpoint import CONFIG_FILE, PREFIX, SUBDIR, WEIGHTS_FILE
 from .config import DecoderConfig, preset
-from .decoder import Code2Wav
+from .decoder import USAGE_FLOOR, Code2Wav
 from ..fileio import atomic_write_bytes
 
 TARGET_STD = 0.15  # pre-clamp output std: inside the 0.02-0.5 band, far from the +-1 clamp
 CALIBRATION_FRAMES = 12
+
+STRESS = ("loud", "dead-codes", "small", "outliers")
+LOUD_STD = 0.6  # a Gaussian at std 0.6 lies beyond +-1 about 10% of the time
+DEAD_FRACTION = 0.25  # of each codebook; uniform random codes hit a dead entry in 1 of 4 draws
+SMALL_SCALE = 1e-3  # first RMSNorm input: mean square ~2e-5 (tiny), of the order of its eps 1e-5
+OUTLIER_CHANNELS, OUTLIER_GAIN = 3, 100.0
 
 
 def _fan_std(name: str, shape: torch.Size, module: torch.nn.Module) -> float:
@@ -32,8 +50,17 @@ def _fan_std(name: str, shape: torch.Size, module: torch.nn.Module) -> float:
     return 1.0 / math.sqrt(fan_in)
 
 
-def init_weights(decoder: Code2Wav, seed: int) -> None:
-    """Fill every parameter from one seeded generator, in sorted-name order (reproducible)."""
+def check_stress(stress: Sequence[str]) -> tuple[str, ...]:
+    """The stress options in STRESS order; an unknown name raises ValueError naming it."""
+    unknown = sorted(set(stress) - set(STRESS))
+    if unknown:
+        raise ValueError(f"unknown stress option(s) {unknown}; choose from {list(STRESS)}")
+    return tuple(s for s in STRESS if s in stress)
+
+
+def init_weights(decoder: Code2Wav, seed: int, stress: Sequence[str] = ()) -> None:
+    """Fill every parameter from one seeded generator, in sorted-name order (reproducible), apply
+    the stress options, then calibrate the output level."""
     g = torch.Generator().manual_seed(seed)
     modules = dict(decoder.named_modules())
     params = dict(decoder.named_parameters())
@@ -64,11 +91,39 @@ def init_weights(decoder: Code2Wav, seed: int) -> None:
                 if ".conv2." in name:  # keep residual units from doubling the variance each time
                     value = value * 0.3
             p.copy_(value.to(p.dtype))
-    _calibrate(decoder, g)
+        stress = check_stress(stress)
+        if "dead-codes" in stress:
+            _kill_codes(decoder, g)
+        if "small" in stress:
+            decoder.pre_transformer.input_proj.weight.mul_(SMALL_SCALE)
+            decoder.pre_transformer.input_proj.bias.mul_(SMALL_SCALE)
+        if "outliers" in stress:
+            _outliers(decoder, g)
+    _calibrate(decoder, g, LOUD_STD if "loud" in stress else TARGET_STD)
 
 
-def _calibrate(decoder: Code2Wav, g: torch.Generator) -> None:
-    """Scale the final conv so the pre-clamp output std is TARGET_STD on random codes."""
+def _kill_codes(decoder: Code2Wav, g: torch.Generator) -> None:
+    """usage 0 on DEAD_FRACTION of each codebook (codes 0 and size-1 always); embedding_sum scaled
+    by the usage clamp, so with the clamp a dead code's vector has the usual O(1) scale."""
+    for name, cb in decoder.named_modules():
+        if name.endswith("_codebook"):
+            n = cb.cluster_usage.shape[0]
+            dead = torch.randperm(n, generator=g)[: int(DEAD_FRACTION * n)]
+            dead = torch.cat([dead, torch.tensor([0, n - 1])]).unique()
+            cb.cluster_usage[dead] = 0.0
+            cb.embedding_sum[dead] *= USAGE_FLOOR
+
+
+def _outliers(decoder: Code2Wav, g: torch.Generator) -> None:
+    """OUTLIER_GAIN on a few output channels of the first conv-decoder conv and first upsampler."""
+    first = decoder.decoder[0].conv.weight  # [Cout, Cin, K]
+    up = decoder.upsample[0][0].conv.weight  # transposed conv: [Cin, Cout, K]
+    first[torch.randperm(first.shape[0], generator=g)[:OUTLIER_CHANNELS]] *= OUTLIER_GAIN
+    up[:, torch.randperm(up.shape[1], generator=g)[:OUTLIER_CHANNELS]] *= OUTLIER_GAIN
+
+
+def _calibrate(decoder: Code2Wav, g: torch.Generator, target_std: float) -> None:
+    """Scale the final conv so the pre-clamp output std is `target_std` on random codes."""
     cfg = decoder.config
     last = decoder.decoder[-1]  # CausalConv1d: returns (y, new_state)
     final = last.conv
@@ -79,13 +134,13 @@ def _calibrate(decoder: Code2Wav, g: torch.Generator) -> None:
         final.bias.zero_()
         decoder(codes)
         std = float(captured["y"].std())
-        final.weight.mul_(TARGET_STD / max(std, 1e-12))
+        final.weight.mul_(target_std / max(std, 1e-12))
     handle.remove()
 
 
-def make_decoder(cfg: DecoderConfig, seed: int) -> Code2Wav:
+def make_decoder(cfg: DecoderConfig, seed: int, stress: Sequence[str] = ()) -> Code2Wav:
     decoder = Code2Wav(cfg)
-    init_weights(decoder, seed)
+    init_weights(decoder, seed, stress)
     return decoder.eval().requires_grad_(False)
 
 
@@ -102,6 +157,6 @@ def write_checkpoint(decoder: Code2Wav, out: str | os.PathLike) -> Path:
     return root
 
 
-def synth(preset_name: str, seed: int, out: str | os.PathLike) -> Path:
+def synth(preset_name: str, seed: int, out: str | os.PathLike, stress: Sequence[str] = ()) -> Path:
     """`c2w-export synth`: a seeded checkpoint of a preset config under `out`."""
-    return write_checkpoint(make_decoder(preset(preset_name), seed), out)
+    return write_checkpoint(make_decoder(preset(preset_name), seed, stress), out)

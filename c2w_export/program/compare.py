@@ -20,11 +20,12 @@ class Diff:
     numel: int
 
     def within(self, tol: Tolerance) -> bool:
-        """Both bounds hold: max_abs <= tol.max_abs and snr_db >= tol.min_snr_db."""
-        return self.max_abs <= tol.max_abs and self.snr_db >= tol.min_snr_db
+        """Both bounds hold: max_abs <= tol.max_abs and snr_db >= tol.min_snr_db. A non-finite
+        output (max_abs inf) never passes, whatever the tolerance."""
+        return math.isfinite(self.max_abs) and self.max_abs <= tol.max_abs and self.snr_db >= tol.min_snr_db
 
     def describe(self) -> str:
-        snr = "inf" if math.isinf(self.snr_db) else f"{self.snr_db:.1f}"
+        snr = f"{self.snr_db:.1f}" if math.isfinite(self.snr_db) else ("inf" if self.snr_db > 0 else "-inf")
         return f"max_abs={self.max_abs:.3g} at {self.index}, SNR={snr} dB, mean_abs={self.mean_abs:.3g}"
 
     def to_json(self) -> dict:

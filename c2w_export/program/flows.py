@@ -5,6 +5,7 @@ A stage is a small object in the style of ExecuTorch's backend test harness: `ru
 turns the previous stage's artifact into the next one, and `program(artifact)` gives that artifact
 in a runnable form when it can be compared with the eager reference (else None).
 
+    prepare    {method: nn.Module}        -> the same, constants folded    compared (prepare.py)
     export     {method: nn.Module}        -> {method: ExportedProgram}     compared
     lower      {method: ExportedProgram}  -> .pte bytes (all methods)      compared (in-memory runtime)
     serialize  .pte bytes or programs     -> {method: file path}           (files: compared once loaded)
@@ -16,7 +17,11 @@ the stage. Every artifact flow ends by loading its files in its own runtime: not
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import operator
+import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +35,40 @@ from ..fileio import atomic_write
 
 class FlowError(RuntimeError):
     """A flow could not build, load or run a program; the message names the flow, method and stage."""
+
+
+QUIET_NATIVE = False  # the CLI sets this: the runtime's native start-up lines (cpuinfo) are kept off stderr
+NATIVE_LOG: list[str] = []  # what the runtime printed natively while it was kept quiet
+
+
+@contextlib.contextmanager
+def native_quiet():
+    """With QUIET_NATIVE, what native code prints to stderr meanwhile (the runtime's cpuinfo
+    probing when XNNPACK starts) goes to NATIVE_LOG instead of the terminal."""
+    if not QUIET_NATIVE:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            text = capture.read().decode(errors="replace")
+            if text:
+                NATIVE_LOG.append(text)
+
+
+def runtime():
+    """The ExecuTorch runtime (executorch.runtime.Runtime.get())."""
+    with native_quiet():
+        from executorch.runtime import Runtime
+
+        return Runtime.get()
 
 
 # ---------------------------------------------------------------- loaded programs
@@ -62,15 +101,14 @@ class ExecuTorchLoaded(Loaded):
     """A .pte (path or bytes) in the ExecuTorch runtime; methods load on their first call."""
 
     def __init__(self, source: Path | bytes):
-        from executorch.runtime import Runtime
-
-        self.program = Runtime.get().load_program(source if isinstance(source, bytes) else str(source))
+        self.program = runtime().load_program(source if isinstance(source, bytes) else str(source))
         self.methods = sorted(self.program.method_names)
         self._methods: dict = {}
 
     def run(self, method, inputs):
         if method not in self._methods:
-            self._methods[method] = self.program.load_method(method)
+            with native_quiet():
+                self._methods[method] = self.program.load_method(method)
         return tuple(self._methods[method].execute(list(inputs)))
 
 
@@ -85,6 +123,8 @@ class Work:
     out_dir: Path | None
     stem: str
     paths: dict[str, Path] = field(default_factory=dict)
+    nodes: dict[str, int] = field(default_factory=dict)  # method -> operator nodes of its exported graph
+    delegation: dict[str, dict] = field(default_factory=dict)  # method -> delegation(), after lowering
 
     def directory(self) -> Path:
         if self.out_dir is None:  # an in-memory build still runs the files through the runtime
@@ -105,6 +145,27 @@ class Stage:
         return None
 
 
+class Prepare(Stage):
+    """Fold inference constants into buffers (program/prepare.py) before export."""
+
+    name = "prepare"
+    compared = True
+
+    def run(self, modules, work):
+        from .prepare import prepare
+        from .variants import make_variant
+
+        prepared: dict[int, nn.Module] = {}  # one prepared copy per decoder
+        out = {}
+        for method, m in modules.items():
+            dec = prepared.setdefault(id(m.decoder), prepare(m.decoder))
+            out[method] = make_variant(dec, m.variant, m.chunk, m.context)
+        return out
+
+    def program(self, modules):
+        return ModuleLoaded(modules)
+
+
 class Export(Stage):
     name = "export"
     compared = True
@@ -115,12 +176,32 @@ class Export(Stage):
             try:
                 with torch.no_grad():
                     out[method] = torch.export.export(module, tuple(work.inputs[method]), strict=False)
+                work.nodes[method] = sum(n.op == "call_function" for n in out[method].graph.nodes)
             except Exception as e:
                 raise FlowError(f"stage 'export' failed for method {method}: {type(e).__name__}: {e}") from e
         return out
 
     def program(self, programs):
         return ModuleLoaded({m: ep.module() for m, ep in programs.items()})
+
+
+def delegation(graph) -> dict:
+    """Delegation coverage of a lowered graph: how many delegate calls (partitions) it makes and
+    which operators stay outside them (portable kernels), with counts."""
+    partitions, outside = 0, {}
+    for n in graph.nodes:
+        if n.op != "call_function" or n.target is operator.getitem:
+            continue
+        name = getattr(n.target, "__name__", str(n.target))
+        if name == "executorch_call_delegate":
+            partitions += 1
+            continue
+        target = getattr(n.target, "_op", n.target)  # an edge op wraps its aten overload
+        full = target.name() if callable(getattr(target, "name", None)) else str(target)  # "aten::add.Tensor"
+        op = full.split("::")[-1].split(".")[0]
+        outside[op] = outside.get(op, 0) + 1
+    return {"partitions": partitions, "outside_ops": sum(outside.values()),
+            "outside": dict(sorted(outside.items(), key=lambda kv: (-kv[1], kv[0])))}
 
 
 def _xnnpack_partitioners() -> list:
@@ -148,6 +229,8 @@ class Lower(Stage):
             partitioners = PARTITIONERS[self.partitioner]()
             edge = (to_edge_transform_and_lower(dict(programs), partitioner=partitioners) if partitioners
                     else to_edge(dict(programs)))
+            for method in programs:
+                work.delegation[method] = delegation(edge.exported_program(method).graph)
             return edge.to_executorch().buffer
         except Exception as e:
             raise FlowError(f"stage 'lower' failed ({self.partitioner}): {type(e).__name__}: {e}") from e
@@ -217,7 +300,8 @@ class LoadEager(Stage):
 # ---------------------------------------------------------------- flows
 START = "start"
 NEXT: dict[str, tuple[str, ...]] = {  # stage -> the stages allowed after it
-    START: ("export", "load"),
+    START: ("prepare", "export", "load"),
+    "prepare": ("export",),
     "export": ("lower", "serialize"),
     "lower": ("serialize",),
     "serialize": ("load",),
@@ -241,6 +325,10 @@ class Flow:
     partitioner: str | None  # the CLI's --partitioner (ExecuTorch flows only)
     stages: tuple[Stage, ...]
     unavailable: Callable[[], str | None] = field(default=lambda: None, compare=False)  # why it cannot run here
+    # What a build compares with: the decoder in this dtype. Artifact flows are compared with the
+    # fp32 eager decoder they were exported from; the eager flow *is* that decoder, so it is
+    # compared with the fp64 decode (never with itself).
+    reference_dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
         prev = START
@@ -274,12 +362,12 @@ class Flow:
 
 
 FLOWS: dict[str, Flow] = {f.name: f for f in (
-    Flow("eager", "eager", None, (LoadEager(),)),
-    Flow("torch_export", "torch_export", None, (Export(), SerializePt2(), Load(_open_pt2))),
+    Flow("eager", "eager", None, (LoadEager(),), reference_dtype=torch.float64),
+    Flow("torch_export", "torch_export", None, (Prepare(), Export(), SerializePt2(), Load(_open_pt2))),
     Flow("executorch_xnnpack", "executorch", "xnnpack",
-         (Export(), Lower("xnnpack"), SerializePte(), Load(_open_pte)), _missing("executorch", "executorch")),
+         (Prepare(), Export(), Lower("xnnpack"), SerializePte(), Load(_open_pte)), _missing("executorch", "executorch")),
     Flow("executorch_portable", "executorch", "portable",
-         (Export(), Lower("portable"), SerializePte(), Load(_open_pte)), _missing("executorch", "executorch")),
+         (Prepare(), Export(), Lower("portable"), SerializePte(), Load(_open_pte)), _missing("executorch", "executorch")),
 )}
 REFERENCE_FLOW = "eager"  # the module itself: what every artifact flow is compared with
 

@@ -5,6 +5,9 @@ judged through the load that follows it (the "run" diff)."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +42,8 @@ class ProgramResult:
     module: Windowed | Stateful | None = None  # the eager variant module this program was exported from
     seconds: dict[str, float] = field(default_factory=dict)  # stage name -> seconds, shared evenly per method
     bytes: int = 0
+    nodes: int = 0  # operator nodes of the exported graph (0: not exported)
+    delegation: dict = field(default_factory=dict)  # flows.delegation() of the lowered graph (ExecuTorch)
 
     @property
     def diff(self) -> Diff:
@@ -49,7 +54,7 @@ class ProgramResult:
         return all(d.within(self.tolerance) for d in self.stages.values())
 
     def failure(self) -> str:
-        bad = [f"stage '{s}' diverged from eager: {d.describe()}" for s, d in self.stages.items() if not d.within(self.tolerance)]
+        bad = [f"stage '{s}' diverged from the reference: {d.describe()}" for s, d in self.stages.items() if not d.within(self.tolerance)]
         return (f"{self.flow} {self.spec.method}: " + "; ".join(bad)
                 + f" (tolerance max_abs<={self.tolerance.max_abs:g}, SNR>={self.tolerance.min_snr_db:g} dB)")
 
@@ -61,14 +66,17 @@ def parity_inputs(module: Windowed | Stateful, n: int, seed: int) -> list[Tensor
     return check_windows(q, t, module.decoder.config.codebook_size, n, seed)
 
 
-def check_method(run: RunFn, module: Windowed | Stateful, method: str, codes: Sequence[Tensor]) -> Diff:
-    """Run `codes` through `run` and through the eager module; diff of the wav outputs.
-    Stateful: the codes are consecutive chunks, each side feeding back its own state."""
+def check_method(run: RunFn, reference: Windowed | Stateful, method: str, codes: Sequence[Tensor],
+                 state: Sequence[Tensor] | None = None) -> Diff:
+    """Run `codes` through `run` and through the `reference` module; diff of the wav outputs.
+    Stateful: the codes are consecutive chunks, each side feeding back its own state; `run` starts
+    from `state` (default: the reference's initial state, when both share a dtype)."""
     diffs = []
-    ref_state = cand_state = module.initial_state()
+    ref_state = reference.initial_state()
+    cand_state = tuple(state) if state is not None else ref_state
     for c in codes:
         with torch.no_grad():
-            ref = module(c, *ref_state)
+            ref = reference(c, *ref_state)
         ref = ref if isinstance(ref, tuple) else (ref,)
         out = run(method, (c, *cand_state))
         diffs.append(compare(out[0], ref[0]))
@@ -76,18 +84,52 @@ def check_method(run: RunFn, module: Windowed | Stateful, method: str, codes: Se
     return combine(diffs)
 
 
+HEARTBEAT_SECONDS = 30.0
+
+
+@contextlib.contextmanager
+def heartbeat(progress: Callable[[str], None], label: str, every: float = HEARTBEAT_SECONDS):
+    """A line every `every` seconds while a long step runs, so a terminal never sits silent."""
+    start, done = time.perf_counter(), threading.Event()
+
+    def beat():
+        while not done.wait(every):
+            progress(f"      ... {label}: {time.perf_counter() - start:.0f}s")
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def reference_decoder(decoder: Code2Wav, flow: Flow) -> Code2Wav:
+    """What `flow`'s programs are compared with: `decoder` itself, or a copy in the flow's
+    reference dtype (fp64 for the eager flow)."""
+    if decoder.dtype == flow.reference_dtype:
+        return decoder
+    return copy.deepcopy(decoder).to(flow.reference_dtype)
+
+
 def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence[int], context: int,
           out_dir: Path | None, *, multi_method: bool = False, windows: int = 3, seed: int = 0,
-          stem: str = "code2wav", progress: Callable[[str], None] = lambda s: None
+          stem: str = "code2wav", progress: Callable[[str], None] = lambda s: None,
+          reference: Code2Wav | None = None, gate: str | None = None
           ) -> tuple[list[ProgramResult], dict[str, Loaded]]:
-    """Run `flow`'s stages for every (variant, chunk) program and check each against eager.
+    """Run `flow`'s stages for every (variant, chunk) program of `decoder` and check each against
+    the reference (default: `reference_decoder(decoder, flow)`; pass the checkpoint's decoder
+    when `decoder` is a modified copy), at the tolerance `gate` names (default: the flow's).
 
     Comparable stages are checked on the first window; the loaded program (RUN) on all `windows`,
     through a Runner so its input checks are exercised too. Returns the results and {method:
     loaded program}. Raises FlowError when a stage cannot run; parity is judged by the caller."""
+    reference = reference if reference is not None else reference_decoder(decoder, flow)
     modules = {m.method: m for m in (make_variant(decoder, v, c, context) for v in variants for c in ramp)}
+    refs = {m: make_variant(reference, modules[m].variant, modules[m].chunk, context) for m in modules}
     groups = [list(modules)] if multi_method else [[m] for m in modules]
-    tol = tolerance(flow.name)
+    tol = tolerance(gate or flow.name)
     results, loaded_by_method = [], {}
     for group in groups:
         t0 = time.perf_counter()
@@ -100,7 +142,8 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence
         for stage in flow.stages:
             t = time.perf_counter()
             try:
-                artifact = stage.run(artifact, work)
+                with heartbeat(progress, f"{flow.name} {stage.name} {', '.join(group)}"):
+                    artifact = stage.run(artifact, work)
             except FlowError:
                 raise
             except Exception as e:
@@ -109,18 +152,25 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence
             if stage.compared:
                 program = stage.program(artifact)
                 for m in group:
-                    res[m].stages[stage.name] = check_method(program.run, mods[m], m, inputs[m][:1])
+                    res[m].stages[stage.name] = check_method(program.run, refs[m], m, inputs[m][:1], mods[m].initial_state())
         loaded = artifact  # the last stage is always load (Flow checks the order)
         runner = Runner(flow.name, loaded, {m: res[m].spec for m in group}, decoder.config.codebook_size)
         for m in group:
             r = res[m]
-            r.stages[RUN] = check_method(runner.run, mods[m], m, inputs[m])
+            r.stages[RUN] = check_method(runner.run, refs[m], m, inputs[m], mods[m].initial_state())
             r.path = work.paths.get(m)
             r.bytes = r.path.stat().st_size if r.path else 0
             r.seconds = {s: v / len(group) for s, v in seconds.items()}
+            r.nodes = work.nodes.get(m, 0)
+            r.delegation = work.delegation.get(m, {})
             loaded_by_method[m] = loaded
             results.append(r)
             status = "ok" if r.passed else "OVER TOLERANCE"
+            stage_times = ", ".join(f"{s} {v:.1f}s" for s, v in seconds.items() if v >= 0.05)
+            graph = f"{r.nodes} graph nodes" + (
+                f" ({r.delegation['partitions']} delegate partitions, {r.delegation['outside_ops']} ops outside)"
+                if r.delegation else "")
             progress(f"[{len(results)}/{len(modules)}] {flow.name} {m} (chunk {r.spec.chunk}): "
-                     f"{time.perf_counter() - t0:.1f}s, {r.bytes / 1e6:.1f} MB, {r.diff.describe()} -> {status}")
+                     f"{time.perf_counter() - t0:.1f}s ({stage_times}), {graph}, "
+                     f"{r.bytes / 1e6:.1f} MB, {r.diff.describe()} -> {status}")
     return results, loaded_by_method

@@ -27,16 +27,24 @@ FP32_GATE = Tolerance(
     "o_proj perturbation moves the output 6.5e-5 / 93 dB and must fail",
 )
 
-# (flow, dtype) -> tolerance against the eager decoder on the same input.
+STRESS_GATE = Tolerance(
+    1.5e-4, 90.0,
+    "every comparison on the combined stress checkpoint (synth --stress all: std 0.59, 17% of samples "
+    "beyond +-1 before the clamp, small transformer activations, x100 outlier channels): fp32 vs fp64 "
+    "measured 5.0e-5 / 100.2 dB on tiny, the louder output and the outlier channels scale the rounding "
+    "noise; 3x margin. What the stress checkpoint exists to catch is far above it: dropping RMSNorm's "
+    "eps moves it 2.0 (6 dB), dropping the usage clamp gives inf",
+)
+
+# name -> tolerance. A flow's name keys the gate its programs are held to against their reference
+# (artifact flows: the fp32 eager decoder; the eager flow: the fp64 decode).
 TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("reference", "float32"): Tolerance(
         1e-5, 95.0,
         "ours vs upstream qwen-tts on the same safetensors: measured 0 to 3.4e-6 (sdpa, real size); "
         "identical math, only op order differs",
     ),
-    ("eager", "float32"): Tolerance(
-        1e-6, 120.0, "eager vs eager (windowed slice of a full decode, repeat runs): identical ops, measured 0",
-    ),
+    ("eager", "float32"): FP32_GATE,  # vs the fp64 decode: measured 1.5e-6 to 2.5e-6 / 114-115 dB on tiny
     ("eager_resized", "float32"): Tolerance(
         1e-5, 100.0,
         "eager vs eager on a different length (causal prefix, windowed slice): oneDNN blocks convs and "
@@ -47,24 +55,27 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
         "committed golden audio vs today's decode: torch/oneDNN/XNNPACK upgrades reorder fp32 math "
         "(same noise scale as the flow gates); a real numerics change is far larger",
     ),
+    ("stress", "float32"): STRESS_GATE,
     ("torch_export", "float32"): FP32_GATE,
     ("executorch_xnnpack", "float32"): FP32_GATE,
     ("executorch_portable", "float32"): FP32_GATE,
     # Whole streams through a stateful program vs the offline eager decode: the same math in a
     # different grouping (conv history, K/V cache); prototype measured ~1e-5 / ~100 dB at real size.
     ("stateful_stream", "float32"): FP32_GATE,
+    # Windowed streams vs the offline decode, after the first `context` frames (the warm-up pads
+    # missing history with code 0, see program/streaming.py). When the context covers the decoder's
+    # receptive field (decoder.receptive_frames: ~26 frames on tiny, ~580 at real size) the steady
+    # state is exact up to fp32 noise.
+    ("windowed_steady_exact", "float32"): FP32_GATE,
+    # Otherwise attention chained over layers reaches past the context: real size at context 72
+    # measured 61.9 dB (chunk 2) and 70.6 dB (chunk 25), 7.6e-4 max abs. The floor still fails a
+    # window built one frame off (~0 dB) or a wrong history (the offline reference is independent
+    # of the window builder).
+    ("windowed_steady_approx", "float32"): Tolerance(
+        0.05, 40.0, "context shorter than the receptive field: measured 62-72 dB / 7.6e-4 at real size, context 72",
+    ),
     ("bfloat16", "bfloat16"): Tolerance(1.0, 20.0, "bf16 measured ~25 dB at real size; SNR gate only"),
     ("float16", "float16"): Tolerance(1.0, 38.0, "fp16 autocast measured ~43 dB at real size; SNR gate only"),
-}
-
-# Windowed (stateless) streams vs the offline decode are *not* exact: attention chained over
-# layers reaches further back than the context. These floors track what the design gives up.
-# The tiny config (window 8, 2 layers, reach ~26 frames) is exact at context 72 once history
-# exists; at stream start the missing history is padded (see streaming.py), which costs accuracy
-# in the first `context` frames. Real size measured ~57 dB (chunk 25) / ~45 dB (chunk 2).
-WINDOWED_STREAM_FLOOR_DB: dict[str, float] = {
-    "tiny": 95.0,  # steady state exact up to fp32 noise
-    "real": 40.0,  # measured 45-57 dB with random weights
 }
 
 # Bundled vectors of stateful methods also compare the new state, with one (rtol, atol) for all

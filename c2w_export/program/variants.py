@@ -107,7 +107,7 @@ class Windowed(_Variant):
     variant = "windowed"
 
     def forward(self, codes: Tensor) -> Tensor:
-        wav, _ = self.decoder.step(codes, self.decoder.initial_state())
+        wav, _ = self.decoder.step(codes, {})  # the window starts the stream: no state
         return wav[:, 0, self.context * self.decoder.config.hop:]
 
     def input_specs(self) -> list[TensorSpec]:

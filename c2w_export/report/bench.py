@@ -39,8 +39,9 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
              f"Ramp {extra.get('ramp')}, context {extra.get('context')}.", "",
              "Absolute times drift on a shared 2-core machine; compare the ratios within this run.", "",
              "## Latency per call", "",
-             "| flow | variant | chunk | median ms | IQR ms | RTF per call | GFLOP/s (eager) | bytes | export s | lower s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| flow | variant | chunk | median ms | IQR ms | RTF per call | GFLOP/s (eager) | bytes | export s | lower s "
+             "| graph nodes | partitions | ops outside the delegate |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     flops = {(f["variant"], f["chunk"]): f for f in extra.get("flops", [])}
     progs = {(p["flow"], p["variant"], p["chunk"]): p for p in extra.get("programs", [])}
     for c in sorted((c for c in calls if c.get("kind") == "call"), key=lambda c: (c["flow"], c["variant"], c["chunk"])):
@@ -49,7 +50,9 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
         gflops = f["gflop_per_call"] / c["median_s"] if f else None
         lines.append(f"| {c['flow']} | {c['variant']} | {c['chunk']} | {c['median_s'] * 1e3:.2f} | {c['iqr_s'] * 1e3:.2f} | "
                      f"{c['median_s'] / (c['chunk'] * hop_s):.3f} | {_fmt(gflops)} | {p.get('bytes', '-')} | "
-                     f"{_fmt(p.get('export_s'), '.1f')} | {_fmt(p.get('lower_s'), '.1f')} |")
+                     f"{_fmt(p.get('export_s'), '.1f')} | {_fmt(p.get('lower_s'), '.1f')} | {p.get('nodes') or '-'} | "
+                     f"{(p.get('delegation') or {}).get('partitions', '-')} | "
+                     f"{(p.get('delegation') or {}).get('outside_ops', '-')} |")
     lines += ["", "## Streams (20 s of audio, ramp schedule)", "",
               "| flow | variant | RTF (compute/audio) | first audio ms | chunks |", "|---|---|---|---|---|"]
     streams = extra.get("streams", [])

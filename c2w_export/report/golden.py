@@ -1,7 +1,8 @@
-"""Golden numerics: a small committed set (tests/golden/tiny_seed0.npz) from the deterministic tiny
-seed-0 synthetic checkpoint, to track numerics across torch / ExecuTorch upgrades.
+"""Golden numerics: small committed sets (tests/golden/*.npz) from deterministic tiny seed-0
+synthetic checkpoints, to track numerics across torch / ExecuTorch upgrades: the plain checkpoint
+and the stress one (output clamp, dead codes, small activations, outlier channels).
 
-It holds the codes, a strided subset of the expected offline audio, per-frame RMS and summary
+Each holds the codes, a strided subset of the expected offline audio, per-frame RMS and summary
 statistics. Updating is deliberate (`c2w-export golden --update`), never done by tests.
 """
 
@@ -13,23 +14,34 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..program.compare import compare
 from ..fileio import atomic_write_bytes
-from ..program.tolerances import tolerance
+from ..model.synth import STRESS
+from ..program.compare import compare
+from ..program.tolerances import Tolerance, tolerance
 
-GOLDEN_FILE = "tiny_seed0.npz"
 FRAMES, CODES_SEED, STRIDE = 40, 20261202, 37
+# set name -> (stress options of the tiny seed-0 checkpoint, tolerance key)
+GOLDEN_SETS: dict[str, tuple[tuple[str, ...], str]] = {
+    "tiny_seed0": ((), "golden"),
+    "tiny_stress_seed0": (STRESS, "stress"),
+}
 
 
 def default_dir() -> Path:
     return Path.cwd() / "tests" / "golden"
 
 
-def golden_decoder():
+def golden_tolerance(name: str) -> Tolerance:
+    return tolerance(GOLDEN_SETS[name][1])
+
+
+def golden_decoder(name: str = "tiny_seed0"):
     from ..model.config import preset
     from ..model.synth import make_decoder
 
-    return make_decoder(preset("tiny"), 0)
+    if name not in GOLDEN_SETS:
+        raise ValueError(f"unknown golden set {name!r}; choose from {sorted(GOLDEN_SETS)}")
+    return make_decoder(preset("tiny"), 0, GOLDEN_SETS[name][0])
 
 
 def golden_codes(cfg) -> torch.Tensor:
@@ -47,8 +59,8 @@ def summarize(wav: torch.Tensor, hop: int) -> dict[str, np.ndarray]:
     }
 
 
-def load_golden(directory: Path | None = None) -> dict[str, np.ndarray]:
-    path = (directory or default_dir()) / GOLDEN_FILE
+def load_golden(directory: Path | None = None, name: str = "tiny_seed0") -> dict[str, np.ndarray]:
+    path = (directory or default_dir()) / f"{name}.npz"
     if not path.is_file():
         raise FileNotFoundError(f"golden set {path} not found; create it with `c2w-export golden --update`")
     with np.load(path) as z:
@@ -61,8 +73,9 @@ def drift(golden: dict[str, np.ndarray], wav: torch.Tensor, hop: int) -> dict[st
     return {k: float(np.abs(now[k].astype(np.float64) - golden[k].astype(np.float64)).max()) for k in now}
 
 
-def check_wav(golden: dict[str, np.ndarray], wav: torch.Tensor, hop: int, flow: str) -> tuple[bool, str]:
-    tol = tolerance("golden")
+def check_wav(golden: dict[str, np.ndarray], wav: torch.Tensor, hop: int, flow: str,
+              tol: Tolerance | None = None) -> tuple[bool, str]:
+    tol = tol or tolerance("golden")
     d = compare(torch.from_numpy(summarize(wav, hop)["samples"]), torch.from_numpy(golden["samples"]))
     per_field = drift(golden, wav, hop)
     ok = d.within(tol) and all(v <= tol.max_abs for v in per_field.values())
@@ -73,33 +86,40 @@ def check_wav(golden: dict[str, np.ndarray], wav: torch.Tensor, hop: int, flow: 
 
 
 def check_golden(directory: Path | None = None) -> tuple[bool, str]:
-    """Eager offline decode against the committed golden set."""
-    golden = load_golden(directory)
-    dec = golden_decoder()
-    codes = torch.from_numpy(golden["codes"])
-    with torch.no_grad():
-        wav = dec(codes)[:, 0]
-    return check_wav(golden, wav, dec.config.hop, "eager")
+    """Eager offline decode against every committed golden set."""
+    oks, texts = [], []
+    for name in GOLDEN_SETS:
+        golden = load_golden(directory, name)
+        dec = golden_decoder(name)
+        with torch.no_grad():
+            wav = dec(torch.from_numpy(golden["codes"]))[:, 0]
+        ok, text = check_wav(golden, wav, dec.config.hop, f"eager ({name})", golden_tolerance(name))
+        oks.append(ok)
+        texts.append(text)
+    return all(oks), "\n".join(texts)
 
 
 def update_golden(directory: Path | None = None) -> str:
-    """Regenerate the golden set; report what changed and by how much."""
+    """Regenerate every golden set; report what changed and by how much."""
     directory = directory or default_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    dec = golden_decoder()
-    codes = golden_codes(dec.config)
-    with torch.no_grad():
-        wav = dec(codes)[:, 0]
-    fields = {"codes": codes.numpy(), **summarize(wav, dec.config.hop)}
-    path = directory / GOLDEN_FILE
-    report = "new golden set"
-    if path.is_file():
-        old = load_golden(directory)
-        if old["codes"].shape == fields["codes"].shape and (old["codes"] == fields["codes"]).all():
-            report = "changed: " + ", ".join(f"{k} max abs {v:.3g}" for k, v in drift(old, wav, dec.config.hop).items())
-        else:
-            report = "codes changed; all fields regenerated"
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **fields)
-    atomic_write_bytes(path, buf.getvalue())
-    return f"wrote {path} ({path.stat().st_size} bytes): {report}"
+    lines = []
+    for name in GOLDEN_SETS:
+        dec = golden_decoder(name)
+        codes = golden_codes(dec.config)
+        with torch.no_grad():
+            wav = dec(codes)[:, 0]
+        fields = {"codes": codes.numpy(), **summarize(wav, dec.config.hop)}
+        path = directory / f"{name}.npz"
+        report = "new golden set"
+        if path.is_file():
+            old = load_golden(directory, name)
+            if old["codes"].shape == fields["codes"].shape and (old["codes"] == fields["codes"]).all():
+                report = "changed: " + ", ".join(f"{k} max abs {v:.3g}" for k, v in drift(old, wav, dec.config.hop).items())
+            else:
+                report = "codes changed; all fields regenerated"
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **fields)
+        atomic_write_bytes(path, buf.getvalue())
+        lines.append(f"wrote {path} ({path.stat().st_size} bytes): {report}")
+    return "\n".join(lines)

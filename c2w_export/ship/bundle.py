@@ -12,7 +12,8 @@ import torch
 from ..fileio import atomic_write_bytes, sha256_file
 from ..program.flows import FlowError
 from ..program.pipeline import ProgramResult, parity_inputs
-from ..program.variants import Stateful, Windowed
+from ..model.decoder import Code2Wav
+from ..program.variants import Stateful, Windowed, make_variant
 
 BUNDLE_CASES = 2  # test vectors per method
 BUNDLE_SEED = 4242
@@ -32,8 +33,9 @@ def bundle_cases(module: Windowed | Stateful) -> list[tuple[list[torch.Tensor], 
     return cases
 
 
-def write_bundles(results: Sequence[ProgramResult], progress: Callable[[str], None]) -> dict[str, dict]:
-    """One .bpte next to each .pte file, holding a test suite for each of its methods.
+def write_bundles(results: Sequence[ProgramResult], progress: Callable[[str], None], reference: Code2Wav) -> dict[str, dict]:
+    """One .bpte next to each .pte file, holding a test suite for each of its methods, with the
+    expected outputs computed by the `reference` (eager) decoder, never by the program itself.
     Returns {method: {"path", "sha256", "cases"}}."""
     from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
     from executorch.devtools.bundled_program.core import BundledProgram
@@ -45,7 +47,8 @@ def write_bundles(results: Sequence[ProgramResult], progress: Callable[[str], No
     out = {}
     for pte, rs in by_file.items():
         suites = [MethodTestSuite(method_name=r.spec.method, test_cases=[
-            MethodTestCase(inputs=i, expected_outputs=o) for i, o in bundle_cases(r.module)]) for r in rs]
+            MethodTestCase(inputs=i, expected_outputs=o)
+            for i, o in bundle_cases(make_variant(reference, r.spec.variant, r.spec.chunk, r.spec.context))]) for r in rs]
         try:
             data = serialize_from_bundled_program_to_flatbuffer(BundledProgram(None, suites, pte_file_path=str(pte)))
         except Exception as e:

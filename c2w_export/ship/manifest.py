@@ -13,9 +13,9 @@ from typing import Any, Mapping, Sequence
 from ..env import versions
 from ..fileio import atomic_write_bytes, read_json, sha256_file
 from ..model.decoder import Code2Wav
-from ..program.compare import Diff
 from ..program.flows import Flow
 from ..program.pipeline import ProgramResult
+from ..program.streaming import StreamCheck
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -68,7 +68,7 @@ def check_schema(value: Any, schema: Any, where: str = "manifest") -> None:
 
 
 def build(decoder: Code2Wav, model: str, flow: Flow, variants: Sequence[str], ramp: Sequence[int], context: int,
-          results: Sequence[ProgramResult], streams: Mapping[str, Diff], bundles: Mapping[str, dict]) -> dict:
+          results: Sequence[ProgramResult], streams: Sequence[StreamCheck], bundles: Mapping[str, dict]) -> dict:
     """The v1 manifest of checked programs: each entry is its `MethodSpec.to_json()` plus file,
     backend, tolerance and parity. Paths are file names (relative to the artifacts directory)."""
     cfg = decoder.config
@@ -85,8 +85,9 @@ def build(decoder: Code2Wav, model: str, flow: Flow, variants: Sequence[str], ra
             "backend": flow.name, "partitioner": flow.partitioner,
             "verified": r.passed,  # export writes a manifest only when every program passed
             "tolerance": r.tolerance.to_json(),
+            "graph": {"nodes": r.nodes, **({"delegation": r.delegation} if r.delegation else {})},
             "parity": {"max_abs": d.max_abs, "snr_db": d.to_json()["snr_db"], "windows": r.windows, "streams": 1,
-                       "stream_max_abs": streams[r.spec.variant].max_abs,
+                       "stream_max_abs": max(s.diff.max_abs for s in streams if s.name.startswith(r.spec.variant)),
                        "stages": {s: x.max_abs for s, x in r.stages.items()}},
             **({"bundle": bundles[r.spec.method]} if r.spec.method in bundles else {}),
         })

@@ -34,7 +34,8 @@ def test_call_latency(benchmark, programs, flow_name, variant, chunk, decoder, b
     benchmark.pedantic(run, args=(r.spec.method, inputs), rounds=5, iterations=1, warmup_rounds=1)
     if flow_name != "eager" and not any(p["flow"] == flow_name and p["method"] == r.spec.method for p in bench_extra["programs"]):
         bench_extra["programs"].append({"flow": flow_name, "variant": variant, "chunk": chunk, "method": r.spec.method,
-                                        "bytes": r.bytes, **{f"{k}_s": v for k, v in r.seconds.items()}})
+                                        "bytes": r.bytes, "nodes": r.nodes, "delegation": r.delegation,
+                                        **{f"{k}_s": v for k, v in r.seconds.items()}})
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

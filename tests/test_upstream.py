@@ -1,5 +1,6 @@
 """Reference parity: our decoder and the upstream qwen-tts decoder load the same safetensors and
-agree (tox -e reference). Upstream is a test-only oracle, loaded by file path."""
+agree: tiny and the stress checkpoint in tox -e parity, real size (--real) in tox -e reference.
+Upstream is a test-only oracle, loaded by file path (tests/upstream.py)."""
 
 import pytest
 import torch
@@ -8,10 +9,10 @@ from safetensors.torch import load_file
 
 from c2w_export import load_decoder
 from c2w_export.model.checkpoint import decoder_state_dict
+from c2w_export.program.codes import code_window
 from c2w_export.program.compare import compare
 from c2w_export.program.tolerances import tolerance
-
-from upstream import upstream_decoder
+from upstream import Oracle, upstream_decoder
 
 ATTN = ("eager", "sdpa")
 
@@ -32,11 +33,7 @@ def tiny_pair(request, model_dir):
 
 
 def _codes(cfg, pattern, t, seed):
-    if pattern == "zeros":
-        return torch.zeros(1, cfg.num_quantizers, t, dtype=torch.int64)
-    if pattern == "max":
-        return torch.full((1, cfg.num_quantizers, t), cfg.codebook_size - 1, dtype=torch.int64)
-    return torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, t), generator=torch.Generator().manual_seed(seed))
+    return code_window(pattern, cfg.num_quantizers, t, cfg.codebook_size, seed)
 
 
 def _lengths(cfg):
@@ -85,3 +82,14 @@ def test_real_size_matches_upstream(real_pair, pattern):
 def test_upstream_keys_equal_ours(tiny_pair):
     ours, upstream = tiny_pair
     assert set(ours.state_dict()) == set(upstream.state_dict())
+
+
+@pytest.mark.parametrize("pattern", ["uniform", "zeros", "max"])
+def test_stress_checkpoint_matches_upstream(stress_decoder, pattern):
+    """Loud output, dead codes (0 and the last code are dead), small activations, outlier channels:
+    our decoder and upstream agree where Gaussian weights never go."""
+    oracle = Oracle(stress_decoder)
+    c = _codes(stress_decoder.config, pattern, 3 * stress_decoder.config.sliding_window + 7, 5)
+    with torch.no_grad():
+        d = compare(stress_decoder(c)[:, 0], oracle.offline(c))
+    assert d.within(tolerance("stress")), f"{pattern}: {d.describe()}"

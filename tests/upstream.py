@@ -1,7 +1,8 @@
-"""Load the upstream qwen-tts 12 Hz decoder as a test-only oracle, without importing `qwen_tts`.
+"""The upstream qwen-tts 12 Hz decoder as a test-only oracle, loaded without importing `qwen_tts`.
 
-`import qwen_tts` runs its package __init__, which needs torchaudio/gradio. We find the installed
-package on disk and register `core/tokenizer_12hz` as a package of its own.
+`import qwen_tts` runs its package __init__, which needs librosa/gradio. We find the installed
+package on disk and register `core/tokenizer_12hz` as a package of its own. The oracle is part of
+the gate (tox -e parity installs it); it is never a dependency of c2w_export.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import torch
+
 PACKAGE = "_qwen_tts_tokenizer_12hz"
+INSTALL = "pip install --no-deps qwen-tts==0.1.1 transformers==4.57.3 (tox -e parity does)"
 
 
 def _load_package():
@@ -19,7 +23,7 @@ def _load_package():
         return sys.modules[PACKAGE]
     spec = importlib.util.find_spec("qwen_tts")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError("qwen-tts is not installed; run `tox -e reference`")
+        raise ImportError(f"the upstream oracle qwen-tts is not installed: {INSTALL}")
     root = Path(list(spec.submodule_search_locations)[0]) / "core" / "tokenizer_12hz"
     # An empty package of our own: the 12 Hz modules import each other relatively.
     pkg_spec = importlib.machinery.ModuleSpec(PACKAGE, None, is_package=True)
@@ -35,8 +39,8 @@ def _load_package():
     return pkg
 
 
-def upstream_decoder(tokenizer_config: dict, state_dict: dict, attn_implementation: str):
-    """The upstream Qwen3TTSTokenizerV2Decoder with our weights; eval mode, float32."""
+def upstream_decoder(tokenizer_config: dict, state_dict: dict, attn_implementation: str = "eager"):
+    """The upstream Qwen3TTSTokenizerV2Decoder with these weights; eval mode, float32."""
     pkg = _load_package()
     cfg_mod, model_mod = pkg.configuration_qwen3_tts_tokenizer_v2, pkg.modeling_qwen3_tts_tokenizer_v2
     dec_cfg = cfg_mod.Qwen3TTSTokenizerV2DecoderConfig(**tokenizer_config["decoder_config"])
@@ -46,3 +50,21 @@ def upstream_decoder(tokenizer_config: dict, state_dict: dict, attn_implementati
     if missing or unexpected:
         raise AssertionError(f"upstream decoder keys differ from ours: missing={missing} unexpected={unexpected}")
     return model.eval().requires_grad_(False)
+
+
+class Oracle:
+    """Upstream's decode of our decoder's weights: `offline(codes)` -> [1, T*hop]; `window(codes,
+    context)` -> the audio of the frames after the first `context`, as a windowed program gives it."""
+
+    def __init__(self, decoder, attn_implementation: str = "eager"):
+        self.hop = decoder.config.hop
+        self.model = upstream_decoder(decoder.config.to_tokenizer_dict(),
+                                      {k: v.detach().clone() for k, v in decoder.state_dict().items()},
+                                      attn_implementation)
+
+    def offline(self, codes: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.model(codes)[:, 0]
+
+    def window(self, codes: torch.Tensor, context: int) -> torch.Tensor:
+        return self.offline(codes)[:, context * self.hop:]

@@ -1,0 +1,126 @@
+"""The gate's own parts, each shown failing: the compare helper, the tolerance table, flows as data
+(stage order), and the CLI's backend mapping."""
+
+import math
+
+import pytest
+import torch
+
+from c2w_export.program.compare import Diff, combine, compare
+from c2w_export.program.flows import FLOWS, Export, Flow, FlowError, Load, LoadEager, Lower, SerializePte, flow_for
+from c2w_export.program.tolerances import TOLERANCES, Tolerance, tolerance
+from helpers import cases
+
+TOL = Tolerance(1e-3, 60.0, "for this test")
+
+
+def _diff(max_abs, snr):
+    return Diff(max_abs, (0,), snr, max_abs / 2, 10)
+
+
+WITHIN = [
+    ("both-hold", _diff(1e-3, 60.0), True),
+    ("max-abs-over-alone", _diff(1.01e-3, 80.0), False),
+    ("snr-under-alone", _diff(1e-4, 59.9), False),
+    ("both-fail", _diff(1.0, 0.0), False),
+    ("identical", _diff(0.0, math.inf), True),
+    ("nan", _diff(math.inf, -math.inf), False),
+]
+
+
+@pytest.mark.parametrize("diff,expected", cases(WITHIN))
+def test_within_needs_both_bounds(diff, expected):
+    assert diff.within(TOL) is expected
+
+
+def test_compare_reports_max_abs_index_and_snr():
+    ref = torch.ones(2, 5)
+    got = ref.clone()
+    got[1, 3] += 0.5
+    d = compare(got, ref)
+    assert d.max_abs == pytest.approx(0.5) and d.index == (1, 3)
+    assert d.snr_db == pytest.approx(10 * math.log10(10 / 0.25))
+    assert "at (1, 3)" in d.describe()
+
+
+def test_compare_nan_never_passes_and_says_so():
+    got = torch.zeros(4)
+    got[2] = float("nan")
+    d = compare(got, torch.ones(4))
+    assert d.index == (2,) and not d.within(Tolerance(math.inf, -math.inf, "anything"))
+    assert "SNR=-inf dB" in d.describe()
+
+
+def test_compare_rejects_shape_mismatch():
+    with pytest.raises(ValueError, match="shape mismatch"):
+        compare(torch.zeros(3), torch.zeros(4))
+
+
+def test_combine_takes_the_worst_of_each():
+    a, b = _diff(1e-3, 90.0), _diff(1e-5, 50.0)
+    c = combine([a, b])
+    assert c.max_abs == 1e-3 and c.snr_db == 50.0
+
+
+def test_unknown_tolerance_key_raises_naming_it():
+    with pytest.raises(KeyError, match="no tolerance for flow='nope'"):
+        tolerance("nope")
+    with pytest.raises(KeyError, match="dtype='int4'"):
+        tolerance("executorch_xnnpack", "int4")
+
+
+def test_every_tolerance_entry_says_why():
+    for key, tol in TOLERANCES.items():
+        assert len(tol.why) > 20, key
+    for name in FLOWS:
+        tolerance(name)  # every flow has a gate
+
+
+def test_flow_stage_order_is_enforced():
+    with pytest.raises(FlowError, match="stage 'lower' cannot follow 'start'"):
+        Flow("bad", "executorch", "x", (Lower("xnnpack"), SerializePte(), Load(lambda p: None)))
+    with pytest.raises(FlowError, match="stage 'export' cannot follow 'serialize'"):
+        Flow("bad", "executorch", "x", (Export(), SerializePte(), Export(), Load(lambda p: None)))
+    with pytest.raises(FlowError, match="the last stage must be 'load'"):
+        Flow("bad", "executorch", "x", (Export(), Lower("xnnpack")))
+    assert Flow("ok", "eager", None, (LoadEager(),)).compared == ["run"]
+
+
+BACKENDS = [
+    ("torch-export-ignores-partitioner", "torch_export", "xnnpack", "torch_export"),
+    ("executorch-xnnpack", "executorch", "xnnpack", "executorch_xnnpack"),
+    ("executorch-portable", "executorch", "portable", "executorch_portable"),
+]
+
+
+@pytest.mark.parametrize("backend,partitioner,flow", cases(BACKENDS))
+def test_flow_for_maps_cli_options(backend, partitioner, flow):
+    assert flow_for(backend, partitioner).name == flow
+
+
+@pytest.mark.parametrize("backend,partitioner,message", cases([
+    ("eager", "eager", None, "eager is the reference"),
+    ("unknown-backend", "tflite", None, "unknown backend 'tflite'"),
+    ("unknown-partitioner", "executorch", "qnn", "no partitioner 'qnn'"),
+    ("no-partitioner", "executorch", None, "no partitioner None"),
+]))
+def test_flow_for_refuses_bad_options(backend, partitioner, message):
+    with pytest.raises(FlowError, match=message):
+        flow_for(backend, partitioner)
+
+
+def test_a_broken_fold_fails_at_the_prepare_stage(decoder, ramp, context, tmp_path, monkeypatch):
+    """The prepared (folded) module is compared with the untouched decoder: the real fold passes,
+    a fold that swaps SnakeBeta's alpha and 1/beta fails, named at stage 'prepare'."""
+    from c2w_export.program import prepare as pp
+    from c2w_export.program.pipeline import build
+
+    flow = FLOWS["torch_export"]
+    assert flow.compared[0] == "prepare"
+    results, _ = build(decoder, flow, ["stateful"], ramp[:1], context, tmp_path / "ok", windows=1)
+    assert results[0].passed, results[0].failure()
+    real = pp.snake_constants
+    monkeypatch.setattr(pp, "snake_constants", lambda a, b: tuple(reversed(real(a, b))))
+    results, _ = build(decoder, flow, ["stateful"], ramp[:1], context, tmp_path / "bad", windows=1)
+    assert not results[0].stages["prepare"].within(results[0].tolerance), results[0].stages["prepare"].describe()
+    assert "stage 'prepare' diverged" in results[0].failure()
