@@ -10,10 +10,10 @@ from .model.checkpoint import CheckpointError, load_decoder
 from .model.config import ConfigError, DecoderConfig
 from .model.decoder import Code2Wav
 from .model.validate import InputError
-from .ship.decode import Decoded, decode
+from .ship.decode import Decoded, decode, open_stream
 
 __all__ = ["Code2Wav", "CheckpointError", "ConfigError", "Decoded", "DecoderConfig", "InputError", "decode",
-           "load_decoder", "__version__"]
+           "load_decoder", "open_stream", "__version__"]
 
 
 def __getattr__(name: str):

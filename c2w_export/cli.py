@@ -46,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--codes", required=True, type=Path, help=".npy or .pt, int64 [Q,T] or [1,Q,T]")
     d.add_argument("--out", required=True, type=Path)
     d.add_argument("--variant", choices=["windowed", "stateful"], default=None)
+    d.add_argument("--ramp", type=int, nargs="+", default=None,
+                   help="chunk schedule (default: the manifest's); every size must be an exported chunk")
+    d.add_argument("--wav-format", choices=["pcm16", "float32"], default="pcm16",
+                   help="16-bit PCM (default) or 32-bit float WAV (the decoder's samples unrounded)")
+    d.add_argument("--json", action="store_true", help="print timings (load, per chunk, playback) as JSON")
     d.add_argument("--check", action="store_true", help="also decode offline in eager and print the diff")
     d.add_argument("--model", default=None, help="for --check: model (default: the manifest's)")
 
@@ -134,8 +139,12 @@ def cmd_export(a) -> int:
 
 
 def _decode_and_report(artifacts: Path, codes_path: Path, out: Path, variant: str | None, check: bool,
-                       model: str | None) -> None:
-    """Decode a codes file through the artifacts, write the WAV, print timings (and the check)."""
+                       model: str | None, ramp: list[int] | None = None, wav_format: str = "pcm16",
+                       as_json: bool = False) -> None:
+    """Decode a codes file through the artifacts, write the WAV, print timings, the playback
+    simulation (and the check), as text or one JSON object."""
+    import json
+
     import torch
 
     from .program.compare import compare
@@ -145,23 +154,33 @@ def _decode_and_report(artifacts: Path, codes_path: Path, out: Path, variant: st
 
     art = open_artifacts(artifacts)
     codes = read_codes(codes_path)
-    res = decode(art, codes, variant)
-    write_wav(out, res.wav, res.sample_rate)
-    print(f"decoded {codes.shape[-1]} frames ({res.audio_seconds:.2f} s) with {res.variant} in {len(res.steps)} chunks "
-          f"-> {out}")
-    print(f"real-time factor {res.real_time_factor:.3f} (compute/audio), first chunk {res.first_chunk_seconds * 1e3:.1f} ms "
-          f"({res.steps[0].frames} frames)")
+    res = decode(art, codes, variant, ramp)
+    write_wav(out, res.wav, res.sample_rate, wav_format)
+    hop = art.decode["hop"]
+    report = {"out": str(out), "wav_format": wav_format, **res.to_json(hop)}
     if check:
         from .model.checkpoint import load_decoder
 
         decoder = load_decoder(model or art.manifest["model"]["id"])
         with torch.no_grad():
             ref = decoder(codes)[:, 0]
-        print(f"check vs offline eager decode: {compare(res.wav, ref).describe()}")
+        report["check"] = compare(res.wav, ref).to_json()
+        check_text = compare(res.wav, ref).describe()
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"decoded {codes.shape[-1]} frames ({res.audio_seconds:.2f} s) with {res.variant}, ramp {res.ramp}, "
+          f"in {len(res.steps)} chunks -> {out} ({wav_format})")
+    print(f"load {res.load_seconds * 1e3:.1f} ms (cold start: every method, before the first chunk)")
+    print(f"real-time factor {res.real_time_factor:.3f} (compute/audio), first chunk {res.first_chunk_seconds * 1e3:.1f} ms "
+          f"({res.steps[0].frames} frames, warm)")
+    print(f"playback at 24 kHz from the first chunk: {res.playback(hop).describe()}")
+    if check:
+        print(f"check vs offline eager decode: {check_text}")
 
 
 def cmd_decode(a) -> int:
-    _decode_and_report(a.artifacts, a.codes, a.out, a.variant, a.check, a.model)
+    _decode_and_report(a.artifacts, a.codes, a.out, a.variant, a.check, a.model, a.ramp, a.wav_format, a.json)
     return EXIT_OK
 
 

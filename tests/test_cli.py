@@ -58,7 +58,7 @@ def copy_of(tmp_path):
 
 
 # ---------------------------------------------------------------- the happy path
-def test_manifest_v1_contents(artifacts, model_dir):
+def test_manifest_v2_contents(artifacts, model_dir):
     """The manifest against what it describes, measured independently: the hashes of the
     checkpoint's own files (config canonicalised by json, not by DecoderConfig), the files on disk."""
     import hashlib
@@ -67,9 +67,10 @@ def test_manifest_v1_contents(artifacts, model_dir):
     from c2w_export.program.flows import FLOWS
 
     m = mf.load(artifacts)
-    assert m["format_version"] == 1
-    assert m["decode"] == {"variants": ["windowed", "stateful"], "ramp": [2, 4], "context_frames": 72, "hop": 1920,
-                           "sample_rate": 24000, "num_quantizers": 16, "codebook_size": 2048}
+    assert m["format_version"] == 2
+    assert m["decode"] == {"variants": ["windowed", "stateful"], "ramp": [2, 4], "ramp_reason": "given to export with --ramp",
+                           "context_frames": 72, "hop": 1920, "sample_rate": 24000, "num_quantizers": 16,
+                           "codebook_size": 2048}
     st = Path(model_dir) / "speech_tokenizer"
     config = json.loads((st / "config.json").read_text())
     assert m["model"]["config_sha256"] == hashlib.sha256(
@@ -86,6 +87,7 @@ def test_manifest_v1_contents(artifacts, model_dir):
     stateful = m["programs"][2]
     assert [s["name"] for s in stateful["inputs"]][:2] == ["codes", "pos"]
     assert [s["name"] for s in m["state"]] == [s["name"] for s in stateful["inputs"][1:]]
+    assert [s["name"] for s in m["programs"][0]["inputs"]] == ["codes", "history"]  # the exact windowed start
 
 
 def test_verify_passes_with_table_and_json(artifacts):
@@ -120,6 +122,8 @@ def test_decode_writes_wav_and_reports(artifacts, tmp_path, variant):
                      tmp_path / "out.wav", "--variant", variant, "--check")
     assert rc == 0, se
     assert "real-time factor" in so and "first chunk" in so and "check vs offline eager decode" in so
+    assert "load " in so and "cold start" in so and "playback at 24 kHz from the first chunk: first audio" in so
+    assert "underrun(s)" in so and "start-up buffer" in so
     with wave.open(str(tmp_path / "out.wav")) as w:
         assert (w.getframerate(), w.getnchannels(), w.getnframes()) == (24000, 1, 11 * 1920)
 
@@ -130,6 +134,53 @@ def test_decode_stateful_check_is_exact(artifacts, tmp_path):
     assert rc == 0, se
     max_abs = float(so.split("check vs offline eager decode: max_abs=")[1].split()[0])
     assert max_abs < 3e-5
+
+
+def test_decode_options_ramp_json_float_wav(artifacts, tmp_path, decoder):
+    """--ramp runs the sub-ramp, --json gives the timings and the playback as one object, and
+    --wav-format float32 writes the samples unrounded: read back by scipy (an independent WAV
+    reader), they equal the offline eager decode within the fp32 gate, where 16-bit PCM cannot."""
+    from scipy.io import wavfile
+
+    from c2w_export.program.compare import compare
+    from c2w_export.program.tolerances import tolerance
+
+    codes = torch.randint(0, 2048, (1, 16, 9), generator=torch.Generator().manual_seed(3))
+    torch.save(codes, tmp_path / "codes.pt")
+    rc, so, se = c2w("decode", "--artifacts", artifacts, "--codes", tmp_path / "codes.pt", "--out", tmp_path / "f.wav",
+                     "--ramp", "4", "--wav-format", "float32", "--json")
+    assert rc == 0, se
+    report = json.loads(so)
+    assert report["ramp"] == [4] and report["wav_format"] == "float32" and report["variant"] == "stateful"
+    assert [(s["start"], s["frames"], s["chunk"]) for s in report["steps"]] == [(0, 4, 4), (4, 4, 4), (8, 1, 4)]
+    assert report["load_ms"] > 0 and all(s["ms"] > 0 for s in report["steps"])
+    assert set(report["playback"]) == {"first_audio_ms", "underruns", "stall_ms", "startup_buffer_ms"}
+    assert report["playback"]["first_audio_ms"] == report["steps"][0]["ms"]
+    rate, samples = wavfile.read(tmp_path / "f.wav")
+    assert rate == 24000 and samples.dtype == np.float32 and samples.shape == (9 * 1920,)
+    with torch.no_grad():
+        ref = decoder(codes)[:, 0]
+    assert compare(torch.from_numpy(samples)[None], ref).within(tolerance("stateful_stream"))
+    rc, so, se = c2w("decode", "--artifacts", artifacts, "--codes", tmp_path / "codes.pt", "--out", tmp_path / "p.wav")
+    assert rc == 0, se
+    rate, pcm = wavfile.read(tmp_path / "p.wav")
+    assert pcm.dtype == np.int16 and np.abs(pcm / 32767.0 - samples).max() <= 0.5 / 32767 + 1e-6
+
+
+BAD_DECODE_OPTIONS = [
+    ("ramp-not-exported", ["--ramp", "8"], "needs stateful chunk(s) [8], which"),
+    ("ramp-zero", ["--ramp", "0"], "ramp must hold positive chunk sizes"),
+    ("wav-format", ["--wav-format", "mp3"], "invalid choice: 'mp3'"),
+]
+
+
+@pytest.mark.parametrize("extra,message", cases(BAD_DECODE_OPTIONS))
+def test_decode_bad_options(artifacts, tmp_path, extra, message):
+    torch.save(torch.zeros(1, 16, 3, dtype=torch.int64), tmp_path / "codes.pt")
+    rc, so, se = c2w("decode", "--artifacts", artifacts, "--codes", tmp_path / "codes.pt", "--out", tmp_path / "o.wav", *extra)
+    assert rc == 2, (so, se)
+    assert message in se and "Traceback" not in se
+    assert not (tmp_path / "o.wav").exists()
 
 
 # ---------------------------------------------------------------- bad input: exit 2, one clear line
@@ -190,7 +241,9 @@ BAD_ARTIFACTS = [
     ("missing-file", lambda r: (r / "code2wav.pte").unlink(), "missing artifact file code2wav.pte"),
     ("missing-field", _manifest_edit(lambda m: m["decode"].pop("hop")), "missing required field 'hop'"),
     ("wrong-type", _manifest_edit(lambda m: m["programs"][0].__setitem__("chunk", "2")), "chunk must be int"),
-    ("format-version", _manifest_edit(lambda m: m.__setitem__("format_version", 2)), "unknown format_version 2"),
+    ("format-version", _manifest_edit(lambda m: m.__setitem__("format_version", 3)), "unknown format_version 3"),
+    ("v1-manifest", _manifest_edit(lambda m: m.__setitem__("format_version", 1)), "re-export"),
+    ("no-ramp-reason", _manifest_edit(lambda m: m["decode"].pop("ramp_reason")), "missing required field 'ramp_reason'"),
     ("no-manifest", lambda r: (r / "manifest.json").unlink(), "no manifest.json"),
     ("not-json", lambda r: (r / "manifest.json").write_text("{"), "not valid JSON"),
     ("absolute-path", _manifest_edit(lambda m: m["programs"][0].__setitem__("path", "/etc/passwd")), "must be relative"),
@@ -332,7 +385,7 @@ def test_verify_names_the_wrong_method_of_a_multi_method_pte(et_artifacts, copy_
     other = make_decoder(preset("tiny"), 1)
     mods = {"chunk_2": make_variant(decoder, "windowed", 2, 72), "stateful_chunk_2": make_variant(other, "stateful", 2, 0)}
     root = copy_of(et_artifacts)
-    work = Work(mods, {"chunk_2": (torch.zeros(1, 16, 74, dtype=torch.int64),),
+    work = Work(mods, {"chunk_2": (torch.zeros(1, 16, 74, dtype=torch.int64), torch.tensor([72])),
                        "stateful_chunk_2": (torch.zeros(1, 16, 2, dtype=torch.int64), *initial_state(other))},
                 root, "code2wav")
     SerializePte().run(Lower("portable").run(Export().run(mods, work), work), work)

@@ -34,31 +34,38 @@ def test_stages_within_tolerance(windowed, flow_name, chunk, numerics_log):
     assert list(r.stages) == FLOWS[flow_name].compared
 
 
+def _history(h: int) -> torch.Tensor:
+    return torch.tensor([h], dtype=torch.int64)
+
+
 def test_output_contract(programs, windowed, flow_name, chunk, decoder, context, oracle):
     """Shape [1, chunk*hop], float32, finite, deterministic, within tolerance of upstream's decode
-    of a fresh window."""
+    of a fresh window, with a full history and at a stream start (no history, a partial one)."""
     run = programs.runner(flow_name, "windowed").run
     method = method_name("windowed", chunk)
     c = codes(decoder, context + chunk, seed=chunk)
-    out = run(method, (c,))
-    assert len(out) == 1
-    wav = out[0]
-    assert wav.shape == (1, chunk * decoder.config.hop) and wav.dtype == torch.float32
-    assert torch.isfinite(wav).all()
-    assert torch.equal(run(method, (c,))[0], wav), "not deterministic"
-    d = compare(wav, oracle.window(c, context))
-    assert d.within(tolerance(flow_name)), f"{flow_name} {method} vs upstream: {d.describe()}"
+    for h in (context, 0, context // 3):
+        out = run(method, (c, _history(h)))
+        assert len(out) == 1
+        wav = out[0]
+        assert wav.shape == (1, chunk * decoder.config.hop) and wav.dtype == torch.float32
+        assert torch.isfinite(wav).all()
+        assert torch.equal(run(method, (c, _history(h)))[0], wav), "not deterministic"
+        d = compare(wav, oracle.window(c, context, h))
+        assert d.within(tolerance(flow_name)), f"{flow_name} {method} history {h} vs upstream: {d.describe()}"
 
 
 @settings(max_examples=6)
 @given(data=st.data())
 def test_drawn_windows(programs, windowed, flow_name, chunk, decoder, context, oracle, data):
-    """Drawn code patterns through every program, against upstream's decode of the same window."""
+    """Drawn code patterns and histories through every program, against upstream's decode of the
+    same window without its absent frames."""
     cfg = decoder.config
     c = data.draw(code_windows(cfg.num_quantizers, context + chunk, cfg.codebook_size))
+    h = data.draw(st.integers(0, context))
     run = programs.runner(flow_name, "windowed").run
-    d = compare(run(method_name("windowed", chunk), (c,))[0], oracle.window(c, context))
-    assert d.within(tolerance(flow_name)), f"vs upstream: {d.describe()}"
+    d = compare(run(method_name("windowed", chunk), (c, _history(h)))[0], oracle.window(c, context, h))
+    assert d.within(tolerance(flow_name)), f"history {h} vs upstream: {d.describe()}"
 
 
 # ---------------------------------------------------------------- the gate can fail
@@ -97,21 +104,44 @@ def test_export_refuses_perturbed_program(model_dir, decoder, ramp, context, tmp
     assert list(tmp_path.iterdir()) == []
 
 
-def test_stream_check_rejects_window_off_by_one(decoder, ramp, context, monkeypatch):
-    """The production stream check sees a window builder that slices one frame late: the windowed
-    stream's steady state is compared with the offline decode, which does not use the builder."""
+def _late_history(right):
+    """A window builder whose history is one frame late (its last frame repeated, its first lost)."""
+    def late(hist, new, chunk, ctx):
+        if hist.shape[-1] > 1:
+            hist = torch.cat([hist[:, :, :1], hist[:, :, :-1]], -1)
+        return right(hist, new, chunk, ctx)
+    return late
+
+
+def _history_off_by_one(right):
+    """A window builder that claims one frame of history more than it has (while it has fewer than context)."""
+    def wrong(hist, new, chunk, ctx):
+        window, h = right(hist, new, chunk, ctx)
+        return window, h + 1 if h[0] < ctx else h
+    return wrong
+
+
+WINDOW_BUGS = [  # (id, builder wrapper, the stream check that must fail)
+    ("history-one-frame-late", _late_history, "windowed-steady"),
+    ("history-count-off-by-one", _history_off_by_one, "windowed-start"),
+]
+
+
+@pytest.mark.parametrize("bug,fails", cases(WINDOW_BUGS))
+def test_stream_check_rejects_window_bug(decoder, ramp, context, monkeypatch, bug, fails):
+    """The production stream check with a broken window builder: the windowed stream's start and
+    steady state are compared with the offline decode, which does not use the builder."""
     import c2w_export.program.streaming as streaming
 
     run = ModuleLoaded({method_name("windowed", c): make_variant(decoder, "windowed", c, context) for c in ramp}).run
     frames = streaming.stream_frames(ramp, 3, context)
     gate = tolerance("executorch_xnnpack")
     good = streaming.stream_check(decoder, run, ["windowed"], ramp, context, frames, 3, gate)
+    assert [s.name for s in good] == ["windowed", "windowed-start", "windowed-steady"]
     assert all(s.passed for s in good), [s.describe() for s in good]
-    right = streaming.windowed_inputs
-    late = lambda codes, step, ctx: right(torch.cat([codes[:, :, :1], codes[:, :, :-1]], -1), step, ctx)
-    monkeypatch.setattr(streaming, "windowed_inputs", late)
+    monkeypatch.setattr(streaming, "windowed_inputs", bug(streaming.windowed_inputs))
     bad = {s.name: s for s in streaming.stream_check(decoder, run, ["windowed"], ramp, context, frames, 3, gate)}
-    assert not bad["windowed-steady"].passed, bad["windowed-steady"].describe()
+    assert not bad[fails].passed, bad[fails].describe()
 
 
 # ---------------------------------------------------------------- bad input never reaches the runtime
@@ -124,12 +154,17 @@ class Spy(Loaded):
         return (torch.zeros(1),)
 
 
-BAD_INPUT = [
-    ("int32", lambda c: c.to(torch.int32), "must be int64"),
-    ("short", lambda c: c[:, :, 1:], "T=74 frames"),
-    ("wrong-q", lambda c: c[:, 1:], "Q=16"),
-    ("out-of-range", lambda c: c.index_fill(2, torch.tensor([5]), 2048), "found 2048 at index"),
-    ("negative", lambda c: c.index_fill(2, torch.tensor([0]), -3), "found -3"),
+BAD_INPUT = [  # (id, (codes, history) -> bad inputs, message)
+    ("int32", lambda c, h: (c.to(torch.int32), h), "must be int64"),
+    ("short", lambda c, h: (c[:, :, 1:], h), "T=74 frames"),
+    ("wrong-q", lambda c, h: (c[:, 1:], h), "Q=16"),
+    ("out-of-range", lambda c, h: (c.index_fill(2, torch.tensor([5]), 2048), h), "found 2048 at index"),
+    ("negative", lambda c, h: (c.index_fill(2, torch.tensor([0]), -3), h), "found -3"),
+    ("no-history", lambda c, h: (c,), "takes 2 inputs"),
+    ("history-too-long", lambda c, h: (c, h + 1), "must be 0..72"),
+    ("history-negative", lambda c, h: (c, h - 73), "history.*non-negative"),
+    ("history-float", lambda c, h: (c, h.float()), "history"),
+    ("history-shape", lambda c, h: (c, h.repeat(2)), "history"),
 ]
 
 
@@ -137,20 +172,22 @@ BAD_INPUT = [
 def test_runner_rejects_bad_input_before_runtime(decoder, make, message):
     spy = Spy()
     runner = Runner("spy", spy, {"chunk_2": Windowed(decoder, 2, 72).spec()}, decoder.config.codebook_size)
-    c = codes(decoder, 74, 0)
-    runner.run("chunk_2", (c,))
+    c, h = codes(decoder, 74, 0), _history(72)
+    runner.run("chunk_2", (c, h))
     assert spy.calls == 1
     with pytest.raises(InputError, match=message):
-        runner.run("chunk_2", (make(c),))
+        runner.run("chunk_2", make(c, h))
     assert spy.calls == 1, "bad input reached the runtime"
 
 
 def test_loaded_program_rejects_bad_input(programs, flow_name, ramp, decoder, context):
-    """The real runtime behind a Runner: bad codes are refused with InputError, not a crash."""
+    """The real runtime behind a Runner: bad codes and a bad history are refused with InputError, not a crash."""
     run = programs.runner(flow_name, "windowed").run
-    c = codes(decoder, context + ramp[0], 0).index_fill(2, torch.tensor([0]), 99999)
+    c = codes(decoder, context + ramp[0], 0)
     with pytest.raises(InputError, match="found 99999"):
-        run(method_name("windowed", ramp[0]), (c,))
+        run(method_name("windowed", ramp[0]), (c.index_fill(2, torch.tensor([0]), 99999), _history(context)))
+    with pytest.raises(InputError, match="history"):
+        run(method_name("windowed", ramp[0]), (c, _history(context + 1)))
 
 
 def _weight_bytes(decoder) -> int:

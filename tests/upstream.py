@@ -54,7 +54,8 @@ def upstream_decoder(tokenizer_config: dict, state_dict: dict, attn_implementati
 
 class Oracle:
     """Upstream's decode of our decoder's weights: `offline(codes)` -> [1, T*hop]; `window(codes,
-    context)` -> the audio of the frames after the first `context`, as a windowed program gives it."""
+    context, history)` -> the audio of the frames after the first `context`, as a windowed program
+    gives it."""
 
     def __init__(self, decoder, attn_implementation: str = "eager"):
         self.hop = decoder.config.hop
@@ -66,5 +67,8 @@ class Oracle:
         with torch.no_grad():
             return self.model(codes)[:, 0]
 
-    def window(self, codes: torch.Tensor, context: int) -> torch.Tensor:
-        return self.offline(codes)[:, context * self.hop:]
+    def window(self, codes: torch.Tensor, context: int, history: int | None = None) -> torch.Tensor:
+        """What a windowed program gives for (codes, history): upstream's offline decode of the
+        window without its absent frames (the first context - history), after the history."""
+        history = context if history is None else history
+        return self.offline(codes[:, :, context - history:])[:, history * self.hop:]

@@ -163,15 +163,20 @@ class Transformer(nn.Module):
         """RoPE inverse frequencies [head_dim] (computed per call, as upstream does)."""
         return rope_inv_freq(self.head_dim, self.theta, dtype)
 
-    def forward(self, x: Tensor, pos: Tensor | None, state: State) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, x: Tensor, pos: Tensor | None, state: State,
+                present: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """x [B, T, latent], pos int64 [1] (the chunk's first frame; None: a stream start without
-        state, keys are this chunk's only) -> [B, T, latent]."""
+        state, keys are this chunk's only), present bool [T] or None (without state only: frames
+        that are not absent history; a present query sees no absent key) -> [B, T, latent]."""
         t = x.shape[1]
         q_pos = torch.arange(t, dtype=torch.int64) if pos is None else pos + torch.arange(t, dtype=torch.int64)
         k_pos = q_pos if pos is None else torch.cat([pos - self.cache + torch.arange(self.cache, dtype=torch.int64), q_pos])
         h = self.input_proj(x)
         cos, sin = rope_cos_sin(q_pos, self.inv_freq(h.dtype), h.dtype)
-        bias = mask_bias(sliding_window_mask(q_pos, k_pos, self.window), h.dtype)  # once for every layer
+        allowed = sliding_window_mask(q_pos, k_pos, self.window)
+        if present is not None:  # absent queries keep their keys: their rows stay finite, and are dropped later
+            allowed = allowed & (present[None, :] | ~present[:, None])
+        bias = mask_bias(allowed, h.dtype)  # once for every layer
         new: dict[str, Tensor] = {}
         for layer in self.layers:
             h, s = layer(h, cos, sin, bias, state)
@@ -191,8 +196,8 @@ class ConvNeXtBlock(nn.Module):
         self.pwconv2 = nn.Linear(4 * dim, dim)
         self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
 
-    def forward(self, x: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
-        h, new = self.dwconv(x, state)
+    def forward(self, x: Tensor, state: State, keep: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        h, new = self.dwconv(x, state, keep)
         h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h.transpose(1, 2)))))
         return x + (self.gamma * h).transpose(1, 2), new
 
@@ -207,8 +212,8 @@ class ResidualUnit(nn.Module):
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv1d(dim, dim, 1)
 
-    def forward(self, x: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
-        h, new = self.conv1(self.act1(x), state)
+    def forward(self, x: Tensor, state: State, keep: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        h, new = self.conv1(self.act1(x), state, keep)
         h, _ = self.conv2(self.act2(h), state)
         return x + h, new
 
@@ -224,11 +229,11 @@ class DecoderBlock(nn.Module):
             + [ResidualUnit(cout, d) for d in (1, 3, 9)]
         )
 
-    def forward(self, x: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, x: Tensor, state: State, keep: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         x = self.block[0](x)
         new: dict[str, Tensor] = {}
         for layer in self.block[1:]:
-            x, s = layer(x, state)
+            x, s = layer(x, state, keep)
             new.update(s)
         return x, new
 
@@ -236,9 +241,9 @@ class DecoderBlock(nn.Module):
 class _UpsampleStage(nn.ModuleList):
     """Checkpoint layout `upsample.i.{0,1}`: transposed conv (kernel = stride), ConvNeXt block."""
 
-    def forward(self, x: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
-        x, a = self[0](x, state)
-        x, b = self[1](x, state)
+    def forward(self, x: Tensor, state: State, keep: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        x, a = self[0](x, state, keep)
+        x, b = self[1](x, state, keep)
         return x, {**a, **b}
 
 
@@ -302,24 +307,30 @@ class Code2Wav(nn.Module):
         return math.ceil(reach)
 
     # -------------------------------------------------------- compute
-    def step(self, codes: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
+    def step(self, codes: Tensor, state: State, first: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """Unchecked core. codes int64 [B, Q, T], state -> (wav [B, 1, T*hop], new state).
-        An empty state decodes a stream start without state (no new state is returned)."""
+        An empty state decodes a stream start without state (no new state is returned).
+
+        `first` int64 [1] (empty state only): frames before it are absent history, decoded as
+        the offline decode's causal zero padding, so the samples from `first` on equal the offline
+        decode of `codes[..., first:]`. The absent frames' own samples are meaningless."""
         new: dict[str, Tensor] = {}
+        present = None if first is None else torch.arange(codes.shape[-1], dtype=torch.int64) >= first
+        keep = None if present is None else present.to(self.dtype)[None, None, :]
         h = self.quantizer(codes)
-        h, s = self.pre_conv(h, state)
+        h, s = self.pre_conv(h, state, keep)
         new.update(s)
-        h, s = self.pre_transformer(h.transpose(1, 2), state.get(POSITION), state)
+        h, s = self.pre_transformer(h.transpose(1, 2), state.get(POSITION), state, present)
         new.update(s)
         h = h.transpose(1, 2)
         for stage in self.upsample:
-            h, s = stage(h, state)
+            h, s = stage(h, state, keep)
             new.update(s)
         for layer in self.decoder:
             if isinstance(layer, SnakeBeta):
                 h = layer(h)
             else:
-                h, s = layer(h, state)
+                h, s = layer(h, state, keep)
                 new.update(s)
         if POSITION in state:
             new[POSITION] = state[POSITION] + codes.shape[-1]

@@ -7,6 +7,11 @@ are absent from the state decodes a stream start without state (the offline deco
 left padding for convs, nothing carried for transposed convs, no cached keys for attention. It
 equals one streaming step from the zero initial state: a causal conv's zero history is exactly
 the zero left padding, and zero keys at negative positions are masked out.
+
+A window whose first frames are absent history (the windowed program at a stream start) passes
+`keep`, float [1, 1, T] per code frame (0: absent): every conv and transposed conv with a reach
+across frames zeroes the absent samples of its input, which is exactly the causal zero padding the
+offline decode sees before frame 0.
 """
 
 from __future__ import annotations
@@ -124,6 +129,17 @@ def causal_conv_transpose1d(x: Tensor, carry: Tensor | None, weight: Tensor, bia
     return y, full[..., n:]
 
 
+def keep_samples(keep: Tensor, n: int) -> Tensor:
+    """Per-frame keep [1, 1, T] -> per-sample [1, 1, n] at n = T * rate samples."""
+    t = keep.shape[-1]
+    return keep if n == t else keep[..., None].expand(1, 1, t, n // t).reshape(1, 1, n)
+
+
+def drop_absent(x: Tensor, keep: Tensor | None) -> Tensor:
+    """x [B, C, n] with the samples of absent frames zeroed (keep None: all frames present)."""
+    return x if keep is None else x * keep_samples(keep, x.shape[-1])
+
+
 # ---------------------------------------------------------------- thin modules
 class SnakeBeta(nn.Module):
     def __init__(self, channels: int):
@@ -156,11 +172,12 @@ class CausalConv1d(StatefulLeaf):
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         return {f"{self.state_name}.history": (self.conv.in_channels, self.pad)} if self.pad else {}
 
-    def forward(self, x: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, x: Tensor, state: State, keep: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """x [B, Cin, T*rate]; keep [1, 1, T] (absent frames) or None -> [B, Cout, T*rate]."""
         if not self.pad:  # a 1x1 conv has no history
             return self.conv(x), {}
         key = f"{self.state_name}.history"
-        y, hist = causal_conv1d(x, state.get(key), self.conv.weight, self.conv.bias,
+        y, hist = causal_conv1d(drop_absent(x, keep), state.get(key), self.conv.weight, self.conv.bias,
                                 self.conv.dilation[0], self.conv.groups)
         return y, ({key: hist} if key in state else {})
 
@@ -178,11 +195,15 @@ class CausalConvTranspose1d(StatefulLeaf):
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         return {f"{self.state_name}.carry": (self.conv.out_channels, self.overlap)} if self.overlap else {}
 
-    def forward(self, x: Tensor, state: State) -> tuple[Tensor, dict[str, Tensor]]:
-        return self._forward(x, state, self.conv.bias)
+    def forward(self, x: Tensor, state: State, keep: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """x [B, Cin, T*rate]; keep [1, 1, T] or None -> [B, Cout, T*rate*stride]."""
+        return self._forward(x, state, self.conv.bias, keep)
 
-    def _forward(self, x: Tensor, state: State, bias: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+    def _forward(self, x: Tensor, state: State, bias: Tensor | None,
+                 keep: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
         key = f"{self.state_name}.carry"
+        if self.overlap:  # only an overlapping kernel carries an absent frame into a present one
+            x = drop_absent(x, keep)
         y, new_carry = causal_conv_transpose1d(x, state.get(key), self.conv.weight, bias, self.conv.stride[0])
         return y, ({key: new_carry} if key in state else {})
 

@@ -38,3 +38,14 @@ def code_window(pattern: str, q: int, t: int, codebook_size: int, seed: int) -> 
 def check_windows(q: int, t: int, codebook_size: int, n: int, seed: int = 0) -> list[Tensor]:
     """n windows cycling through the patterns (uniform first)."""
     return [code_window(PATTERNS[i % len(PATTERNS)], q, t, codebook_size, seed + i) for i in range(n)]
+
+
+def check_history(context: int, i: int, seed: int = 0) -> Tensor:
+    """The windowed `history` input (int64 [1]) of check window i: a partial history first (the
+    stream-start path, drawn from 1..context-1), then a full one, then none, in turn."""
+    kind = i % 3
+    if context <= 1 or kind == 2:
+        return torch.tensor([context if kind == 1 else 0], dtype=torch.int64)
+    if kind == 1:
+        return torch.tensor([context], dtype=torch.int64)
+    return torch.randint(1, context, (1,), generator=torch.Generator().manual_seed(seed + i))

@@ -81,6 +81,9 @@ class Loaded:
     def run(self, method: str, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
         raise NotImplementedError
 
+    def preload(self, methods: Sequence[str]) -> None:
+        """Make `methods` ready to run (a runtime that loads lazily does its work here)."""
+
 
 def _as_tuple(x) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
@@ -98,17 +101,21 @@ class ModuleLoaded(Loaded):
 
 
 class ExecuTorchLoaded(Loaded):
-    """A .pte (path or bytes) in the ExecuTorch runtime; methods load on their first call."""
+    """A .pte (path or bytes) in the ExecuTorch runtime; methods load on preload() or their first call."""
 
     def __init__(self, source: Path | bytes):
         self.program = runtime().load_program(source if isinstance(source, bytes) else str(source))
         self.methods = sorted(self.program.method_names)
         self._methods: dict = {}
 
+    def preload(self, methods):
+        for method in methods:
+            if method not in self._methods:  # loading a method initialises its delegates (XNNPACK packs the weights)
+                with native_quiet():
+                    self._methods[method] = self.program.load_method(method)
+
     def run(self, method, inputs):
-        if method not in self._methods:
-            with native_quiet():
-                self._methods[method] = self.program.load_method(method)
+        self.preload([method])
         return tuple(self._methods[method].execute(list(inputs)))
 
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..model.decoder import Code2Wav
-from .codes import check_windows
+from .codes import check_history, check_windows
 from .compare import Diff, combine, compare
 from .flows import RUN, Flow, FlowError, Loaded, Work
 from .runner import Runner
@@ -59,26 +59,31 @@ class ProgramResult:
                 + f" (tolerance max_abs<={self.tolerance.max_abs:g}, SNR>={self.tolerance.min_snr_db:g} dB)")
 
 
-def parity_inputs(module: Windowed | Stateful, n: int, seed: int) -> list[Tensor]:
-    """Code tensors for a check: n independent windows (windowed) or n consecutive chunks of one
-    stream (stateful)."""
+def parity_inputs(module: Windowed | Stateful, n: int, seed: int) -> list[tuple[Tensor, ...]]:
+    """The inputs of n check calls, without state: n independent (codes, history) windows
+    (windowed; codes.check_history cycles partial, full and no history) or n consecutive (codes,)
+    chunks of one stream (stateful)."""
     _, q, t = module.input_specs()[0].shape
-    return check_windows(q, t, module.decoder.config.codebook_size, n, seed)
+    codes = check_windows(q, t, module.decoder.config.codebook_size, n, seed)
+    if isinstance(module, Windowed):
+        return [(c, check_history(module.context, i, seed)) for i, c in enumerate(codes)]
+    return [(c,) for c in codes]
 
 
-def check_method(run: RunFn, reference: Windowed | Stateful, method: str, codes: Sequence[Tensor],
+def check_method(run: RunFn, reference: Windowed | Stateful, method: str, calls: Sequence[tuple[Tensor, ...]],
                  state: Sequence[Tensor] | None = None) -> Diff:
-    """Run `codes` through `run` and through the `reference` module; diff of the wav outputs.
-    Stateful: the codes are consecutive chunks, each side feeding back its own state; `run` starts
-    from `state` (default: the reference's initial state, when both share a dtype)."""
+    """Run each call's inputs (parity_inputs) through `run` and through the `reference` module;
+    diff of the wav outputs. Stateful: the calls are consecutive chunks, each side feeding back its
+    own state; `run` starts from `state` (default: the reference's initial state, when both share a
+    dtype)."""
     diffs = []
     ref_state = reference.initial_state()
     cand_state = tuple(state) if state is not None else ref_state
-    for c in codes:
+    for c in calls:
         with torch.no_grad():
-            ref = reference(c, *ref_state)
+            ref = reference(*c, *ref_state)
         ref = ref if isinstance(ref, tuple) else (ref,)
-        out = run(method, (c, *cand_state))
+        out = run(method, (*c, *cand_state))
         diffs.append(compare(out[0], ref[0]))
         ref_state, cand_state = tuple(ref[1:]), tuple(out[1:])
     return combine(diffs)
@@ -135,7 +140,7 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence
         t0 = time.perf_counter()
         mods = {m: modules[m] for m in group}
         inputs = {m: parity_inputs(mods[m], windows, seed) for m in group}
-        work = Work(dict(mods), {m: (inputs[m][0], *mods[m].initial_state()) for m in group}, out_dir,
+        work = Work(dict(mods), {m: (*inputs[m][0], *mods[m].initial_state()) for m in group}, out_dir,
                     stem if multi_method else f"{stem}_{group[0]}")
         res = {m: ProgramResult(flow.name, mods[m].spec(), None, tol, windows=windows, module=mods[m]) for m in group}
         artifact, seconds = mods, {}

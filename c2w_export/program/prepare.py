@@ -86,8 +86,8 @@ class FoldedConvTranspose1d(CausalConvTranspose1d):
         self.register_buffer("bias3", None if bias is None else bias.detach()[None, :, None])
         self.conv.bias = None  # carried by bias3 alone
 
-    def forward(self, x: Tensor, state):
-        return self._forward(x, state, self.bias3)
+    def forward(self, x: Tensor, state, keep: Tensor | None = None):
+        return self._forward(x, state, self.bias3, keep)
 
 
 class RMSNorm4D(RMSNorm):

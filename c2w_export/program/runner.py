@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ..model.validate import InputError, check_codes, check_tensor
 from .flows import FlowError, Loaded
-from .variants import MethodSpec
+from .variants import HISTORY, MethodSpec
 
 
 class Runner:
@@ -34,7 +34,13 @@ class Runner:
         codes_spec = spec.inputs[0]
         check_codes(inputs[0], codes_spec.shape[1], self.codebook_size, codes_spec.shape[2])
         for x, s in zip(inputs[1:], spec.inputs[1:]):
-            check_tensor(x, f"state '{s.name}'", s.shape, s.torch_dtype)
+            if s.name == HISTORY:
+                check_tensor(x, f"input '{HISTORY}'", s.shape, s.torch_dtype)
+                if not 0 <= int(x[0]) <= spec.context:
+                    raise InputError(f"{method}: input '{HISTORY}' must be 0..{spec.context} (real frames of "
+                                     f"history in the window), got {int(x[0])}")
+            else:
+                check_tensor(x, f"state '{s.name}'", s.shape, s.torch_dtype)
 
     def run(self, method: str, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
         self.check(method, inputs)
@@ -58,6 +64,14 @@ class Dispatch:
     @property
     def methods(self) -> list[str]:
         return sorted(self.runners)
+
+    def preload(self) -> None:
+        """Load every method now (cold start), so the first call of a stream is a warm one."""
+        for runner in {id(r): r for r in self.runners.values()}.values():
+            try:
+                runner.loaded.preload([m for m, r in self.runners.items() if r is runner])
+            except Exception as e:
+                raise FlowError(f"{runner.flow}: loading methods failed: {type(e).__name__}: {e}") from e
 
     def run(self, method: str, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
         if method not in self.runners:

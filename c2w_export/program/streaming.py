@@ -1,4 +1,4 @@
-"""Stream drivers: feed a whole code stream through per-chunk programs of any flow.
+"""Stream drivers: feed a code stream through per-chunk programs of any flow, whole or as it arrives.
 
 Schedule: the ramp (default 2 4 8 16 25), then its last size repeated. Small chunks first give
 early audio; large chunks later cost less per frame.
@@ -8,31 +8,38 @@ smallest ramp size >= the remainder, right-pads the codes with frames of code 0 
 remainder's samples. The decoder is causal, so the padding cannot change the kept samples: any
 stream length T >= 1 yields exactly T*hop samples, equal to what an unpadded decode would give.
 
-Windowed start of stream: the windowed program always takes `context + chunk` frames. While
-fewer than `context` frames of history exist, the window is left-padded with frames of code 0
-(the program cannot be told that history is absent). That pad is audible to the decoder: the
-first `context` frames of a windowed stream differ from the offline decode. After them (the steady
-state) the stream is gated against the offline decode (`stream_check`): exact up to fp32 noise
-when the context covers the decoder's receptive field, at a measured floor otherwise.
+Windowed start of stream: the windowed program always takes `context + chunk` frames plus
+`history`, the number of real frames before the chunk. While fewer than `context` frames of
+history exist, the window is left-padded with code 0 and `history` says so; the program decodes the
+pad as the offline decode's causal zero padding, so the stream is exact from frame 0. After
+`context` frames (the steady state) it is exact when the context covers the decoder's receptive
+field, and at a measured floor otherwise (`stream_check`).
+
+`StreamDecoder` is the one driver: codes are pushed as they arrive (any sizes) and audio comes out
+as soon as the schedule allows; `stream_stateful` / `stream_windowed` push a whole stream at once,
+so an incremental stream and a whole one run the same calls on the same inputs.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from ..model.decoder import Code2Wav
+from ..model.validate import InputError
 from .codes import random_codes
 from .compare import Diff, compare
 from .flows import ModuleLoaded
 from .tolerances import Tolerance, tolerance
-from .variants import initial_state, make_variant, method_name
+from .variants import VARIANTS, initial_state, make_variant, method_name
 
 DEFAULT_RAMP = (2, 4, 8, 16, 25)  # the defaults of export, decode and demo, defined once
+# Why DEFAULT_RAMP: written into every manifest exported with it (measured in reports/real/bench.md).
+DEFAULT_RAMP_REASON = "TBD"
 DEFAULT_CONTEXT = 72  # windowed left context frames (the real model's sliding window)
 PAD_CODE = 0
 
@@ -46,23 +53,26 @@ class Step:
     chunk: int  # program size used (frames + right padding)
 
 
+def _step_size(ramp: Sequence[int], i: int) -> int:
+    """The planned size of step i: the ramp, then its last size repeated."""
+    return ramp[i] if i < len(ramp) else ramp[-1]
+
+
+def _tail_chunk(ramp: Sequence[int], remaining: int) -> int:
+    """The program size for a last partial chunk: the smallest ramp size that fits."""
+    return next((r for r in ramp if r >= remaining), ramp[-1])
+
+
 def schedule(total: int, ramp: Sequence[int] = DEFAULT_RAMP) -> list[Step]:
     """The chunk steps covering `total` frames (see the module docstring for the last chunk)."""
     if total < 1:
         raise ValueError(f"a stream needs at least 1 frame, got {total}")
     ramp = check_ramp(ramp)
-    planned = list(ramp)
-    steps, pos, i = [], 0, 0
+    steps, pos = [], 0
     while pos < total:
-        size = planned[i] if i < len(planned) else planned[-1]
-        remaining = total - pos
-        if remaining >= size:
-            steps.append(Step(pos, size, size))
-        else:
-            chunk = next((r for r in ramp if r >= remaining), ramp[-1])
-            steps.append(Step(pos, remaining, chunk))
+        size, remaining = _step_size(ramp, len(steps)), total - pos
+        steps.append(Step(pos, size, size) if remaining >= size else Step(pos, remaining, _tail_chunk(ramp, remaining)))
         pos += steps[-1].frames
-        i += 1
     return steps
 
 
@@ -85,44 +95,113 @@ def _pad_right(codes: Tensor, n: int) -> Tensor:
     return torch.cat([codes, torch.full((*codes.shape[:2], n), PAD_CODE, dtype=codes.dtype)], dim=-1) if n else codes
 
 
+def windowed_inputs(history: Tensor, new: Tensor, chunk: int, context: int) -> tuple[Tensor, Tensor]:
+    """One windowed call's inputs: codes [1, Q, context + chunk] (the real history [1, Q, h <= context]
+    left-padded with code 0, the new frames [1, Q, n <= chunk] right-padded with code 0) and
+    `history` int64 [1] = h, which tells the program that the left pad is absent, not audio."""
+    h = history.shape[-1]
+    left = torch.full((*new.shape[:2], context - h), PAD_CODE, dtype=new.dtype)
+    window = torch.cat([left, history, _pad_right(new, chunk - new.shape[-1])], dim=-1)
+    return window, torch.tensor([h], dtype=torch.int64)
+
+
+class StreamDecoder:
+    """Incremental decode through `chunk_<n>` (windowed) or `stateful_chunk_<n>` methods.
+
+    `push(codes [1, Q, n])` takes frames as they arrive, in any sizes, and returns the audio chunks
+    ([1, frames * hop] each) that the schedule could decode; `finish()` decodes what is left (the
+    padded last chunk) and ends the stream. It carries the state (stateful) or the last `context`
+    frames (windowed). `steps` and `seconds` record what ran and its compute time."""
+
+    def __init__(self, run: RunFn, variant: str, hop: int, ramp: Sequence[int] = DEFAULT_RAMP, context: int = 0,
+                 state: Sequence[Tensor] = (), check: Callable[[Tensor], None] | None = None):
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
+        if variant == "stateful" and not state:
+            raise ValueError("a stateful stream needs its initial state")
+        self.run, self.variant, self.hop, self.context = run, variant, hop, context
+        self.ramp, self.state, self.check = check_ramp(ramp), tuple(state), check
+        self.pending: Tensor | None = None  # frames received and not yet decoded [1, Q, n]
+        self.history: Tensor | None = None  # windowed: the last <= context decoded frames
+        self.steps: list[Step] = []
+        self.seconds: list[float] = []
+        self.finished = False
+
+    @property
+    def decoded_frames(self) -> int:
+        return self.steps[-1].start + self.steps[-1].frames if self.steps else 0
+
+    def push(self, codes: Tensor) -> list[Tensor]:
+        if self.finished:
+            raise InputError("this stream is finished; start a new StreamDecoder")
+        if not isinstance(codes, Tensor) or codes.dim() != 3 or codes.shape[0] != 1 or codes.dtype != torch.int64:
+            raise InputError(f"pushed codes must be int64 [1, Q, n], got "
+                             f"{getattr(codes, 'dtype', type(codes).__name__)} {list(getattr(codes, 'shape', []))}")
+        if self.check is not None:
+            self.check(codes)
+        if self.pending is not None and codes.shape[1] != self.pending.shape[1]:
+            raise InputError(f"pushed codes have {codes.shape[1]} quantizers, the stream has {self.pending.shape[1]}")
+        self.pending = codes if self.pending is None else torch.cat([self.pending, codes], dim=-1)
+        out = []
+        while self.pending.shape[-1] >= (size := _step_size(self.ramp, len(self.steps))):
+            out.append(self._decode(size, size))
+        return out
+
+    def finish(self) -> list[Tensor]:
+        """Decode the remainder (fewer frames than the next scheduled size) and end the stream."""
+        if self.finished:
+            return []
+        self.finished = True
+        remaining = 0 if self.pending is None else self.pending.shape[-1]
+        if self.decoded_frames + remaining == 0:
+            raise InputError("a stream needs at least 1 frame, got 0")
+        return [self._decode(remaining, _tail_chunk(self.ramp, remaining))] if remaining else []
+
+    def _decode(self, frames: int, chunk: int) -> Tensor:
+        new, self.pending = self.pending[:, :, :frames], self.pending[:, :, frames:]
+        if self.variant == "stateful":
+            inputs: tuple[Tensor, ...] = (_pad_right(new, chunk - frames), *self.state)
+        else:
+            history = self.history if self.history is not None else new[:, :, :0]
+            inputs = windowed_inputs(history, new, chunk, self.context)
+        t0 = time.perf_counter()
+        out = self.run(method_name(self.variant, chunk), inputs)
+        self.seconds.append(time.perf_counter() - t0)
+        self.steps.append(Step(self.decoded_frames, frames, chunk))
+        if self.variant == "stateful":
+            self.state = tuple(out[1:])
+        else:
+            seen = new if self.history is None else torch.cat([self.history, new], dim=-1)
+            self.history = seen[:, :, max(seen.shape[-1] - self.context, 0):]
+        return out[0][:, : frames * self.hop]
+
+    def stream(self, chunks: Iterable[Tensor]) -> Iterator[Tensor]:
+        """A generator over arriving code chunks: yields each audio chunk as soon as it is decoded."""
+        for codes in chunks:
+            yield from self.push(codes)
+        yield from self.finish()
+
+    def result(self, pieces: Sequence[Tensor]) -> StreamResult:
+        return StreamResult(torch.cat(list(pieces), dim=-1), list(self.steps), list(self.seconds))
+
+
 def stream_stateful(run: RunFn, initial_state: Sequence[Tensor], codes: Tensor, hop: int,
                     ramp: Sequence[int] = DEFAULT_RAMP) -> StreamResult:
     """codes int64 [1, Q, T] through `stateful_chunk_<n>` methods, state fed back -> [1, T*hop]."""
-    state = tuple(initial_state)
-    steps = schedule(codes.shape[-1], ramp)
-    pieces, seconds = [], []
-    for s in steps:
-        chunk_codes = _pad_right(codes[:, :, s.start:s.start + s.frames], s.chunk - s.frames)
-        t0 = time.perf_counter()
-        out = run(method_name("stateful", s.chunk), (chunk_codes, *state))
-        seconds.append(time.perf_counter() - t0)
-        pieces.append(out[0][:, : s.frames * hop])
-        state = tuple(out[1:])
-    return StreamResult(torch.cat(pieces, dim=-1), steps, seconds)
-
-
-def windowed_inputs(codes: Tensor, step: Step, context: int) -> Tensor:
-    """The `context + chunk` frame window for one step: history (left-padded with code 0 while
-    the stream is shorter than `context`), the new frames, right padding for a last partial chunk."""
-    lo = step.start - context
-    history = codes[:, :, max(lo, 0):step.start]
-    left = torch.full((*codes.shape[:2], max(-lo, 0)), PAD_CODE, dtype=codes.dtype)
-    new = _pad_right(codes[:, :, step.start:step.start + step.frames], step.chunk - step.frames)
-    return torch.cat([left, history, new], dim=-1)
+    dec = StreamDecoder(run, "stateful", hop, ramp, state=initial_state)
+    return dec.result(list(dec.stream([codes])))
 
 
 def stream_windowed(run: RunFn, codes: Tensor, hop: int, context: int,
                     ramp: Sequence[int] = DEFAULT_RAMP) -> StreamResult:
     """codes int64 [1, Q, T] through `chunk_<n>` windowed methods -> [1, T*hop]."""
-    steps = schedule(codes.shape[-1], ramp)
-    pieces, seconds = [], []
-    for s in steps:
-        window = windowed_inputs(codes, s, context)
-        t0 = time.perf_counter()
-        out = run(method_name("windowed", s.chunk), (window,))
-        seconds.append(time.perf_counter() - t0)
-        pieces.append(out[0][:, : s.frames * hop])
-    return StreamResult(torch.cat(pieces, dim=-1), steps, seconds)
+    dec = StreamDecoder(run, "windowed", hop, ramp, context)
+    return dec.result(list(dec.stream([codes])))
+
+
+def ramp_reason(ramp: Sequence[int]) -> str:
+    """The manifest's record of why the ramp was chosen."""
+    return DEFAULT_RAMP_REASON if tuple(ramp) == DEFAULT_RAMP else "given to export with --ramp"
 
 
 def check_ramp(ramp: Sequence[int]) -> list[int]:
@@ -168,8 +247,9 @@ def stream_check(decoder: Code2Wav, run: RunFn, variants: Sequence[str], ramp: S
 
     - stateful: vs the offline decode, at `gate`;
     - windowed: vs the eager windowed stream (same window builder: catches exporter bugs) at
-      `gate`, and its steady state (after `context` frames) vs the offline decode, which does not
-      share the window builder, at `steady_tolerance`."""
+      `gate`; its start (the first `context` frames, every window short of history) vs the offline
+      decode at `gate` (exact by construction); its steady state (after `context` frames) vs the
+      offline decode at `steady_tolerance`. The offline decode shares no window builder."""
     cfg = decoder.config
     codes = random_codes(cfg.num_quantizers, frames, cfg.codebook_size, seed)
     with torch.no_grad():
@@ -184,7 +264,10 @@ def stream_check(decoder: Code2Wav, run: RunFn, variants: Sequence[str], ramp: S
         eager = ModuleLoaded({method_name("windowed", c): make_variant(decoder, "windowed", c, context) for c in ramp})
         ref = stream_windowed(eager.run, codes, cfg.hop, context, ramp).wav
         out.append(StreamCheck("windowed", "eager windowed stream", compare(got, ref), gate))
-        start = context * cfg.hop
+        start = min(context, frames) * cfg.hop
+        if start:
+            out.append(StreamCheck("windowed-start", f"offline decode, first {start // cfg.hop} frames",
+                                   compare(got[:, :start], offline[:, :start]), gate))
         if frames > context:
             out.append(StreamCheck("windowed-steady", f"offline decode after {context} frames",
                                    compare(got[:, start:], offline[:, start:]), steady_tolerance(decoder, context)))

@@ -1,7 +1,10 @@
 """Export variants: the I/O contracts that ship, and their specs.
 
-- windowed (stateless, method `chunk_<n>`): codes int64 [1, Q, context + chunk] -> wav float32
-  [1, chunk * hop], the audio of the last `chunk` frames only. Recomputes `context` frames every call.
+- windowed (stateless, method `chunk_<n>`): (codes int64 [1, Q, context + chunk], history int64 [1])
+  -> wav float32 [1, chunk * hop], the audio of the last `chunk` frames only. Recomputes `context`
+  frames every call. `history` (0..context) counts the real frames before the chunk; the window's
+  first `context - history` frames are absent (a stream start) and are decoded as the offline
+  decode's causal zero padding, so a windowed stream is exact from frame 0.
 - stateful (method `stateful_chunk_<n>`): (codes int64 [1, Q, chunk], *state) -> (wav float32
   [1, chunk * hop], *new_state). State order and shapes are `Code2Wav.state_spec()`; nothing is
   mutated in place.
@@ -18,6 +21,7 @@ from ..model.decoder import Code2Wav
 from .codes import random_codes
 
 VARIANTS = ("windowed", "stateful")
+HISTORY = "history"  # the windowed methods' second input: real history frames in the window
 
 
 @dataclass(frozen=True)
@@ -102,16 +106,16 @@ class _Variant(nn.Module):
 
 
 class Windowed(_Variant):
-    """codes int64 [1, Q, context + chunk] -> wav [1, chunk * hop]."""
+    """(codes int64 [1, Q, context + chunk], history int64 [1]) -> wav [1, chunk * hop]."""
 
     variant = "windowed"
 
-    def forward(self, codes: Tensor) -> Tensor:
-        wav, _ = self.decoder.step(codes, {})  # the window starts the stream: no state
+    def forward(self, codes: Tensor, history: Tensor) -> Tensor:
+        wav, _ = self.decoder.step(codes, {}, first=self.context - history)  # no state: the window starts it
         return wav[:, 0, self.context * self.decoder.config.hop:]
 
     def input_specs(self) -> list[TensorSpec]:
-        return [self._codes_spec()]
+        return [self._codes_spec(), TensorSpec(HISTORY, (1,), "int64")]
 
     def output_specs(self) -> list[TensorSpec]:
         return [self._wav_spec()]
@@ -121,6 +125,10 @@ class Windowed(_Variant):
 
     def initial_state(self) -> tuple[Tensor, ...]:
         return ()
+
+    def full_history(self) -> Tensor:
+        """The `history` input of a window with `context` real frames of history (the steady state)."""
+        return torch.tensor([self.context], dtype=torch.int64)
 
 
 class Stateful(_Variant):
@@ -158,8 +166,11 @@ def make_variant(decoder: Code2Wav, variant: str, chunk: int, context: int) -> W
 
 
 def example_inputs(module: Windowed | Stateful, codes: Tensor | None = None, seed: int = 0) -> tuple[Tensor, ...]:
-    """Inputs matching the module's input specs: random codes (or `codes`) plus the initial state."""
+    """Inputs matching the module's input specs: random codes (or `codes`) plus the initial state
+    (stateful) or a full history (windowed)."""
     if codes is None:
         _, q, t = module.input_specs()[0].shape
         codes = random_codes(q, t, module.decoder.config.codebook_size, seed)
+    if isinstance(module, Windowed):
+        return (codes, module.full_history())
     return (codes, *module.initial_state())

@@ -54,10 +54,25 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
                      f"{(p.get('delegation') or {}).get('partitions', '-')} | "
                      f"{(p.get('delegation') or {}).get('outside_ops', '-')} |")
     lines += ["", "## Streams (20 s of audio, ramp schedule)", "",
-              "| flow | variant | RTF (compute/audio) | first audio ms | chunks |", "|---|---|---|---|---|"]
+              "Playback: a player that starts with the first chunk and plays 24 kHz in real time, the calls "
+              "running back to back (program/playback.py): underruns, total stall, and the start-up buffer "
+              "that would avoid every underrun.", "",
+              "| flow | variant | RTF (compute/audio) | first audio ms | chunks | underruns | stall ms | start-up buffer ms |",
+              "|---|---|---|---|---|---|---|---|"]
     streams = extra.get("streams", [])
     for s in sorted(streams, key=lambda s: (s["flow"], s["variant"])):
-        lines.append(f"| {s['flow']} | {s['variant']} | {s['rtf']:.4f} | {s['first_audio_s'] * 1e3:.1f} | {s['chunks']} |")
+        pb = s.get("playback") or {}
+        lines.append(f"| {s['flow']} | {s['variant']} | {s['rtf']:.4f} | {s['first_audio_s'] * 1e3:.1f} | {s['chunks']} | "
+                     f"{pb.get('underruns', '-')} | {_fmt(pb.get('stall_ms'), '.1f')} | {_fmt(pb.get('startup_buffer_ms'), '.1f')} |")
+    schedules = extra.get("schedules", [])
+    if schedules:
+        lines += ["", "## First-audio schedules (20 s stream, best of 2)", "",
+                  "| flow | variant | ramp | first audio ms | RTF | underruns | stall ms | start-up buffer ms |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in sorted(schedules, key=lambda r: (r["flow"], r["variant"], r["ramp"])):
+            pb = r["playback"]
+            lines.append(f"| {r['flow']} | {r['variant']} | {' '.join(map(str, r['ramp']))} | {r['first_audio_s'] * 1e3:.1f} | "
+                         f"{r['rtf']:.4f} | {pb['underruns']} | {pb['stall_ms']:.1f} | {pb['startup_buffer_ms']:.1f} |")
     by = {(s["flow"], s["variant"]): s["rtf"] for s in streams}
     ratios = []
     for flow in sorted({s["flow"] for s in streams}):
@@ -76,17 +91,28 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
     for f in sorted(extra.get("flops", []), key=lambda f: (f["variant"], f["chunk"])):
         lines.append(f"| {f['variant']} | {f['chunk']} | {f['gflop_per_audio_s']:.3g} | {f['gflop_per_audio_s'] / off:.2f} | "
                      f"{f['achieved_gflop_s']:.3g} |")
-    lines += ["", "## Memory (fresh process per artifact)", "", "Base: RSS with torch/executorch imported; after load: RSS with the artifact loaded; peak: VmHWM after 3 calls.", "", "| flow | variant | chunk | base RSS MB | RSS after load MB | peak RSS running MB |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "## Memory and cold start (fresh process per artifact)", "",
+              "Base: RSS with torch/executorch imported; after load: RSS with the artifact and its method loaded; "
+              "peak: VmHWM after 4 calls. Load: opening the file and loading the method (cold start); first call: "
+              "the first call after it (warm).", "",
+              "| flow | variant | chunk | base RSS MB | RSS after load MB | peak RSS running MB | load ms | first call ms |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in sorted(extra.get("rss", []), key=lambda r: (r["flow"], r["variant"])):
-        lines.append(f"| {r['flow']} | {r['variant']} | {r['chunk']} | {r['base_kb'] / 1024:.0f} | {r['load_kb'] / 1024:.0f} | {r['run_kb'] / 1024:.0f} |")
+        lines.append(f"| {r['flow']} | {r['variant']} | {r['chunk']} | {r['base_kb'] / 1024:.0f} | {r['load_kb'] / 1024:.0f} | "
+                     f"{r['run_kb'] / 1024:.0f} | {_fmt(r.get('load_s') and r['load_s'] * 1e3, '.1f')} | "
+                     f"{_fmt(r.get('first_call_s') and r['first_call_s'] * 1e3, '.1f')} |")
     lines += ["", "## Windowed context study (eager windowed stream vs offline)", "",
-              "Warm-up frames (history < context) are left-padded with code 0; 'steady' excludes the first 144 frames.", "",
-              "| left context | SNR dB | max abs | steady SNR dB | steady max abs |", "|---|---|---|---|---|"]
+              "Start: the first `context` frames, decoded by windows short of history (their pad marked absent: "
+              "exact by construction). Steady: after the first 144 frames (every context's full windows).", "",
+              "| left context | start SNR dB | start max abs | steady SNR dB | steady max abs | whole SNR dB |",
+              "|---|---|---|---|---|---|"]
+    snr = lambda x: "inf" if x is None else f"{x:.1f}"
     for r in extra.get("context_study", []):
-        lines.append(f"| {r['context']} | {_fmt(r['snr_db'], '.1f') if r['snr_db'] is not None else 'inf'} | {r['max_abs']:.3g} | "
-                     f"{_fmt(r['steady_snr_db'], '.1f') if r['steady_snr_db'] is not None else 'inf'} | {r['steady_max_abs']:.3g} |")
-    lines += ["", "Plots: [latency by chunk](latency_by_chunk.png), [RTF](rtf.png), [context study](context_snr.png)."]
+        start = "-" if not r["context"] else snr(r.get("start_snr_db"))
+        lines.append(f"| {r['context']} | {start} | {_fmt(r.get('start_max_abs'))} | {snr(r['steady_snr_db'])} | "
+                     f"{r['steady_max_abs']:.3g} | {snr(r['snr_db'])} |")
+    lines += ["", "Plots: [latency by chunk](latency_by_chunk.png), [RTF](rtf.png), [context study](context_snr.png), "
+              "[playback by schedule](playback.png)."]
     (out / "bench.md").write_text("\n".join(lines) + "\n")
     _plots(calls, extra, out)
     _index(out, extra, v)
@@ -129,11 +155,28 @@ def _plots(calls, extra, out: Path) -> None:
     ax.plot([r["context"] for r in study], [r["snr_db"] if r["snr_db"] is not None else cap for r in study], marker="o", label="whole stream")
     ax.plot([r["context"] for r in study], [r["steady_snr_db"] if r["steady_snr_db"] is not None else cap for r in study],
             marker="s", label="steady state")
+    ax.plot([r["context"] for r in study if r["context"]],
+            [r.get("start_snr_db") or cap for r in study if r["context"]], marker="^", label="start (first context frames)")
     ax.set(xlabel="left context (frames)", ylabel="SNR vs offline (dB)", title="Windowed streaming: SNR against left context")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "context_snr.png", dpi=100)
     plt.close(fig)
+
+    schedules = sorted(extra.get("schedules", []), key=lambda r: (r["flow"], r["variant"], r["ramp"]))
+    if schedules:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        labels = [f"{r['flow']}\n{r['variant']}\n{' '.join(map(str, r['ramp']))}" for r in schedules]
+        x = range(len(schedules))
+        ax.bar([i - 0.2 for i in x], [r["first_audio_s"] * 1e3 for r in schedules], width=0.4, label="first audio ms")
+        ax.bar([i + 0.2 for i in x], [r["playback"]["startup_buffer_ms"] for r in schedules], width=0.4,
+               label="start-up buffer for no underrun, ms")
+        ax.set_xticks(list(x), labels, fontsize=5)
+        ax.set(ylabel="ms", title="First audio and playback margin by schedule", yscale="symlog")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "playback.png", dpi=100)
+        plt.close(fig)
 
 
 def _index(out: Path, extra: dict, v: dict) -> None:
@@ -141,6 +184,7 @@ def _index(out: Path, extra: dict, v: dict) -> None:
              ("bench.md", "benchmarks (tox -e bench)"), ("bench.json", "raw pytest-benchmark JSON plus our fields"),
              ("latency_by_chunk.png", "plot: latency by chunk"), ("rtf.png", "plot: RTF per flow and variant"),
              ("context_snr.png", "plot: windowed SNR against left context"),
+             ("playback.png", "plot: first audio and start-up buffer by schedule"),
              ("real/bench.md", "real-size benchmarks (tox -e bench-real)"), ("numerics-real.md", "real-size numerics (tox -e real)")]
     lines = ["# Reports", "",
              f"Last bench run: config {extra.get('config')}, ramp {extra.get('ramp')}, context {extra.get('context')}; "
@@ -157,6 +201,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     raw = json.loads(a.raw.read_text())
     extra = json.loads((a.extra or a.out / "bench-extra.json").read_text())
+    marker = a.out / ".bench-session"
+    if a.extra is None and marker.is_file() and marker.read_text().strip() != extra.get("session"):
+        print(f"{a.out}/bench.md not rewritten: the last benchmark run was partial (its fields are not in bench-extra.json)")
+        return 0
     build_report(raw, extra, a.out)
     print(f"wrote {a.out}/bench.md, bench.json, PNG plots and index.md")
     return 0

@@ -24,7 +24,7 @@ def bundle_cases(module: Windowed | Stateful) -> list[tuple[list[torch.Tensor], 
     cases = []
     state = module.initial_state()
     for c in parity_inputs(module, BUNDLE_CASES, seed=BUNDLE_SEED):
-        inputs = [c, *state]
+        inputs = [*c, *state]
         with torch.no_grad():
             out = module(*inputs)
         out = list(out) if isinstance(out, tuple) else [out]

@@ -1,15 +1,26 @@
-"""Decode a code stream through a shipped artifacts directory: the library behind
-`c2w-export decode` and `demo`. The stream follows the manifest's ramp (see program.streaming)."""
+"""Decode code streams through a shipped artifacts directory: the library behind `c2w-export decode`
+and `demo`. Streams follow the manifest's ramp (or a sub-ramp of its chunks, see program.streaming).
+
+- `decode(artifacts, codes)`: a whole stream -> `Decoded` (audio, schedule, timings, playback).
+- `open_stream(artifacts)`: a `StreamDecoder` to push codes into as they arrive (from a TTS talker)
+  and get audio chunks back; `StreamDecoder.stream(chunks)` is the generator form.
+Every method is loaded before the first chunk, so the load time (cold start) is measured apart from
+the first audio (warm).
+"""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from torch import Tensor
 
 from ..model.validate import check_codes
-from ..program.streaming import Step, stream_stateful, stream_windowed
+from ..program.playback import Playback, simulate_playback
+from ..program.streaming import Step, StreamDecoder, check_ramp
+from ..program.variants import method_name
 from .artifacts import Artifacts, open_artifacts
 
 
@@ -18,8 +29,10 @@ class Decoded:
     wav: Tensor  # float32 [1, T*hop]
     variant: str  # "stateful" | "windowed"
     sample_rate: int
+    ramp: list[int]
     steps: list[Step]  # the chunk schedule that was run
-    seconds: list[float]  # compute time per step (methods load on their first call)
+    seconds: list[float]  # compute time per step (every method loaded before the first)
+    load_seconds: float  # loading every method: the cold start
 
     @property
     def audio_seconds(self) -> float:
@@ -34,27 +47,61 @@ class Decoded:
         """Compute time / audio time."""
         return sum(self.seconds) / self.audio_seconds
 
+    def playback(self, hop: int) -> Playback:
+        return simulate_playback(self.seconds, [s.frames * hop / self.sample_rate for s in self.steps])
+
+    def to_json(self, hop: int) -> dict:
+        return {"variant": self.variant, "ramp": self.ramp, "frames": sum(s.frames for s in self.steps),
+                "audio_s": self.audio_seconds, "load_ms": self.load_seconds * 1e3, "rtf": self.real_time_factor,
+                "steps": [{"start": s.start, "frames": s.frames, "chunk": s.chunk, "ms": t * 1e3}
+                          for s, t in zip(self.steps, self.seconds)],
+                "playback": self.playback(hop).to_json()}
+
 
 def default_variant(variants: list[str]) -> str:
     """Stateful when shipped (it is exact against the offline decode), else windowed."""
     return "stateful" if "stateful" in variants else "windowed"
 
 
-def decode(artifacts: str | Path | Artifacts, codes: Tensor, variant: str | None = None) -> Decoded:
-    """codes int64 [1, Q, T] -> audio through the shipped programs, after re-hashing every file.
-
-    Raises ArtifactError / ManifestError for a damaged directory, InputError for bad codes and
-    ValueError for a variant the directory does not hold."""
-    art = artifacts if isinstance(artifacts, Artifacts) else open_artifacts(artifacts)
-    art.require_files()
+def _choose(art: Artifacts, variant: str | None, ramp: Sequence[int] | None) -> tuple[str, list[int]]:
     dec = art.decode
     variant = variant or default_variant(dec["variants"])
     if variant not in dec["variants"]:
         raise ValueError(f"{art.root} holds variant(s) {dec['variants']}, not {variant}")
-    check_codes(codes, dec["num_quantizers"], dec["codebook_size"])
-    run = art.programs().run
-    if variant == "stateful":
-        res = stream_stateful(run, art.initial_state(), codes, dec["hop"], dec["ramp"])
-    else:
-        res = stream_windowed(run, codes, dec["hop"], dec["context_frames"], dec["ramp"])
-    return Decoded(res.wav, variant, dec["sample_rate"], res.steps, res.seconds)
+    ramp = check_ramp(ramp) if ramp else list(dec["ramp"])
+    missing = [c for c in ramp if method_name(variant, c) not in art.specs]
+    if missing:
+        raise ValueError(f"ramp {ramp} needs {variant} chunk(s) {missing}, which {art.root} does not hold "
+                         f"(its ramp is {dec['ramp']})")
+    return variant, ramp
+
+
+def open_stream(artifacts: str | Path | Artifacts, variant: str | None = None,
+                ramp: Sequence[int] | None = None) -> tuple[StreamDecoder, float]:
+    """An incremental decoder over the shipped programs, every method loaded, after re-hashing
+    every file. Returns it and the load seconds. Pushed codes are checked (InputError) before
+    they reach a program."""
+    art = artifacts if isinstance(artifacts, Artifacts) else open_artifacts(artifacts)
+    art.require_files()
+    variant, ramp = _choose(art, variant, ramp)
+    dec = art.decode
+    t0 = time.perf_counter()
+    programs = art.programs()
+    programs.preload()
+    load = time.perf_counter() - t0
+    state = art.initial_state() if variant == "stateful" else ()
+    check = lambda c: check_codes(c, dec["num_quantizers"], dec["codebook_size"])
+    return StreamDecoder(programs.run, variant, dec["hop"], ramp, dec["context_frames"], state, check), load
+
+
+def decode(artifacts: str | Path | Artifacts, codes: Tensor, variant: str | None = None,
+           ramp: Sequence[int] | None = None) -> Decoded:
+    """codes int64 [1, Q, T] -> audio through the shipped programs (see open_stream).
+
+    Raises ArtifactError / ManifestError for a damaged directory, InputError for bad codes and
+    ValueError for a variant or ramp the directory does not hold."""
+    art = artifacts if isinstance(artifacts, Artifacts) else open_artifacts(artifacts)
+    check_codes(codes, art.decode["num_quantizers"], art.decode["codebook_size"])
+    stream, load = open_stream(art, variant, ramp)
+    res = stream.result(list(stream.stream([codes])))
+    return Decoded(res.wav, stream.variant, art.decode["sample_rate"], list(stream.ramp), res.steps, res.seconds, load)

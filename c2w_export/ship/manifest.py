@@ -1,4 +1,4 @@
-"""Manifest v1 (`manifest.json`): what an artifacts directory holds and how it was checked.
+"""Manifest v2 (`manifest.json`): what an artifacts directory holds and how it was checked.
 
 Written atomically; loaded against a schema (unknown format_version, missing fields and wrong
 types are rejected with the field's path). Paths are relative to the artifacts directory.
@@ -15,14 +15,14 @@ from ..fileio import atomic_write_bytes, read_json, sha256_file
 from ..model.decoder import Code2Wav
 from ..program.flows import Flow
 from ..program.pipeline import ProgramResult
-from ..program.streaming import StreamCheck
+from ..program.streaming import StreamCheck, ramp_reason
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: windowed methods take (codes, history); v1's took codes alone
 MANIFEST = "manifest.json"
 
 
 class ManifestError(ValueError):
-    """manifest.json is missing, not JSON, or does not follow the v1 schema."""
+    """manifest.json is missing, not JSON, or does not follow the v2 schema."""
 
 
 NUM = (int, float)
@@ -39,7 +39,7 @@ SCHEMA = {
     "format_version": int,
     "model": {"id": str, "config_sha256": str, "weights_sha256": str},
     "versions": {"torch": str, "executorch": (str, type(None)), "c2w_export": str, "python": str},
-    "decode": {"variants": [str], "ramp": [int], "context_frames": int, "hop": int, "sample_rate": int,
+    "decode": {"variants": [str], "ramp": [int], "ramp_reason": str, "context_frames": int, "hop": int, "sample_rate": int,
                "num_quantizers": int, "codebook_size": int},
     "state": [SPEC],
     "programs": [PROGRAM],
@@ -69,7 +69,7 @@ def check_schema(value: Any, schema: Any, where: str = "manifest") -> None:
 
 def build(decoder: Code2Wav, model: str, flow: Flow, variants: Sequence[str], ramp: Sequence[int], context: int,
           results: Sequence[ProgramResult], streams: Sequence[StreamCheck], bundles: Mapping[str, dict]) -> dict:
-    """The v1 manifest of checked programs: each entry is its `MethodSpec.to_json()` plus file,
+    """The v2 manifest of checked programs: each entry is its `MethodSpec.to_json()` plus file,
     backend, tolerance and parity. Paths are file names (relative to the artifacts directory)."""
     cfg = decoder.config
     files = getattr(decoder, "checkpoint", None)
@@ -96,7 +96,8 @@ def build(decoder: Code2Wav, model: str, flow: Flow, variants: Sequence[str], ra
         "model": {"id": str(model), "config_sha256": cfg.canonical_sha256(),
                   "weights_sha256": sha256_file(files.weights_path) if files else ""},
         "versions": versions(),
-        "decode": {"variants": list(variants), "ramp": list(ramp), "context_frames": context, "hop": cfg.hop,
+        "decode": {"variants": list(variants), "ramp": list(ramp), "ramp_reason": ramp_reason(ramp),
+                   "context_frames": context, "hop": cfg.hop,
                    "sample_rate": cfg.output_sample_rate, "num_quantizers": cfg.num_quantizers,
                    "codebook_size": cfg.codebook_size},
         "state": [{"name": n, "shape": list(s), "dtype": str(d).removeprefix("torch.")} for n, s, d in decoder.state_spec()],
@@ -120,7 +121,10 @@ def load(directory: Path) -> dict:
     if not isinstance(data, dict) or "format_version" not in data:
         raise ManifestError(f"{path}: missing required field 'format_version'")
     if data["format_version"] != FORMAT_VERSION:
-        raise ManifestError(f"{path}: unknown format_version {data['format_version']!r}; this c2w-export reads {FORMAT_VERSION}")
+        hint = ("; v1 windowed programs lack the history input, so re-export with this c2w-export"
+                if data["format_version"] == 1 else "")
+        raise ManifestError(f"{path}: unknown format_version {data['format_version']!r}; this c2w-export reads "
+                            f"{FORMAT_VERSION}{hint}")
     check_schema(data, SCHEMA, str(path))
     for p in data["programs"]:
         for kind, rel in (("program", p["path"]), ("bundle", (p.get("bundle") or {}).get("path"))):

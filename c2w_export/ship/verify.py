@@ -13,9 +13,8 @@ from pathlib import Path
 
 from ..fileio import sha256_file
 from ..model.checkpoint import load_decoder
-from ..program.codes import check_windows
 from ..program.compare import Diff
-from ..program.pipeline import check_method
+from ..program.pipeline import check_method, parity_inputs
 from ..program.streaming import stream_check, stream_frames
 from ..program.runner import Dispatch
 from ..program.tolerances import BUNDLE_STATE_RTOL, Tolerance, tolerance
@@ -88,8 +87,7 @@ def verify(artifacts_dir: str | Path, model: str | None = None, windows: int = 3
                                    f"manifest records a looser tolerance (max_abs<={recorded.max_abs:g}, SNR>="
                                    f"{recorded.min_snr_db:g} dB) than this c2w-export's table; checked at the table's"))
         module = make_variant(decoder, spec.variant, spec.chunk, spec.context)
-        codes = check_windows(cfg.num_quantizers, spec.frames, cfg.codebook_size, windows, seed)
-        d = check_method(programs.run, module, method, codes)
+        d = check_method(programs.run, module, method, parity_inputs(module, windows, seed))
         report.rows.append(Row("windows", method, d, tol, d.within(tol), f"{windows} window(s)" if d.within(tol) else
                                f"{entry['backend']} {method} over tolerance: {d.describe()}"))
     ramp, context, variants = m["decode"]["ramp"], m["decode"]["context_frames"], m["decode"]["variants"]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import wave
+import struct
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..fileio import atomic_write_bytes
 from ..model.validate import InputError
 
 
@@ -41,11 +42,31 @@ def read_codes(path: str | Path) -> torch.Tensor:
     return codes
 
 
-def write_wav(path: str | Path, wav: torch.Tensor, sample_rate: int) -> None:
-    """float [..., N] in [-1, 1] -> 16-bit mono PCM WAV."""
-    pcm = (wav.detach().reshape(-1).clamp(-1, 1).numpy() * 32767.0).round().astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(sample_rate)
-        w.writeframes(pcm.tobytes())
+WAV_FORMATS = ("pcm16", "float32")
+
+
+def write_wav(path: str | Path, wav: torch.Tensor, sample_rate: int, fmt: str = "pcm16") -> None:
+    """float [..., N] in [-1, 1] -> mono WAV: 16-bit PCM (default) or 32-bit IEEE float (the
+    decoder's samples bit for bit). Written to a temporary file and moved into place."""
+    if fmt not in WAV_FORMATS:
+        raise ValueError(f"unknown WAV format {fmt!r}; choose from {WAV_FORMATS}")
+    samples = wav.detach().reshape(-1).to(torch.float32).numpy()
+    if fmt == "pcm16":
+        data = (samples.clip(-1, 1) * 32767.0).round().astype("<i2").tobytes()
+    else:
+        data = samples.astype("<f4").tobytes()
+    atomic_write_bytes(Path(path), _wav_bytes(data, sample_rate, fmt))
+
+
+def _wav_bytes(data: bytes, sample_rate: int, fmt: str) -> bytes:
+    """A RIFF/WAVE file: format tag 1 (PCM, 16 bit) or 3 (IEEE float, 32 bit, with the fact chunk
+    that non-PCM formats carry)."""
+    tag, width = (1, 2) if fmt == "pcm16" else (3, 4)
+    fmt_chunk = struct.pack("<HHIIHH", tag, 1, sample_rate, sample_rate * width, width, 8 * width)
+    if tag == 3:
+        fmt_chunk += struct.pack("<H", 0)  # cbSize
+    chunks = b"fmt " + struct.pack("<I", len(fmt_chunk)) + fmt_chunk
+    if tag == 3:
+        chunks += b"fact" + struct.pack("<II", 4, len(data) // width)
+    chunks += b"data" + struct.pack("<I", len(data)) + data + (b"\0" if len(data) % 2 else b"")
+    return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks

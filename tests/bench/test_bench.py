@@ -11,7 +11,8 @@ import torch
 
 from c2w_export.program.compare import compare
 from c2w_export.program.flows import ModuleLoaded
-from c2w_export.program.streaming import stream_stateful, stream_windowed
+from c2w_export.program.playback import simulate_playback
+from c2w_export.program.streaming import StreamResult, stream_stateful, stream_windowed
 from c2w_export.program.variants import example_inputs, make_variant, method_name
 from c2w_export.report.flops import flops_per_audio_second, offline_flops_per_audio_second
 from helpers import codes, initial_state
@@ -20,6 +21,12 @@ pytestmark = pytest.mark.bench
 VARIANTS = ("windowed", "stateful")
 STREAM_SECONDS = 20
 CONTEXTS = (0, 8, 25, 48, 72, 144)
+SCHEDULES = ((1, 2, 4, 8, 16, 25), (2, 4, 8, 16, 25), (4, 8, 16, 25))  # first-audio schedule candidates
+
+
+def playback_of(res: StreamResult, hop: int, sample_rate: int) -> dict:
+    """The playback simulation of a measured stream (program/playback.py) as report fields."""
+    return simulate_playback(res.seconds, [s.frames * hop / sample_rate for s in res.steps]).to_json()
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -56,7 +63,38 @@ def test_stream_rtf(benchmark, programs, flow_name, variant, ramp, context, deco
     rtf = res.real_time_factor(cfg.output_sample_rate)
     benchmark.extra_info.update({"rtf": rtf, "first_audio_s": res.first_chunk_seconds})
     bench_extra["streams"].append({"flow": flow_name, "variant": variant, "frames": frames, "rtf": rtf,
-                                   "first_audio_s": res.first_chunk_seconds, "chunks": len(res.steps)})
+                                   "first_audio_s": res.first_chunk_seconds, "chunks": len(res.steps),
+                                   "playback": playback_of(res, cfg.hop, cfg.output_sample_rate)})
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_schedule_study(benchmark, programs, flow_name, variant, ramp, context, decoder, bench_extra):
+    """First audio, RTF and playback of a 20 s stream for each candidate schedule whose chunk sizes
+    were exported (the session --ramp), plus the session ramp itself; the best of 2 streams each."""
+    cfg = decoder.config
+    frames = STREAM_SECONDS * cfg.output_sample_rate // cfg.hop
+    c = codes(decoder, frames, 5)
+    run = programs.runner(flow_name, variant).run
+    candidates = [list(r) for r in SCHEDULES if set(r) <= set(ramp)]
+    candidates += [ramp] if ramp not in candidates else []
+
+    def one(sched):
+        if variant == "stateful":
+            return stream_stateful(run, initial_state(decoder), c, cfg.hop, sched)
+        return stream_windowed(run, c, cfg.hop, context, sched)
+
+    def study():
+        rows = []
+        for sched in candidates:
+            best = min((one(sched) for _ in range(2)), key=lambda r: sum(r.seconds))
+            rows.append({"flow": flow_name, "variant": variant, "ramp": sched, "frames": frames,
+                         "rtf": best.real_time_factor(cfg.output_sample_rate), "first_audio_s": best.first_chunk_seconds,
+                         "playback": playback_of(best, cfg.hop, cfg.output_sample_rate)})
+        return rows
+
+    benchmark.group = f"schedules-{variant}"
+    benchmark.extra_info.update({"flow": flow_name, "variant": variant, "kind": "schedules"})
+    bench_extra["schedules"] += benchmark.pedantic(study, rounds=1, iterations=1)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -79,7 +117,7 @@ def test_flops(benchmark, decoder, variant, chunk, context, bench_extra):
 
 
 RSS_SCRIPT = """
-import json, sys, torch
+import json, sys, time, torch
 from pathlib import Path
 from c2w_export.program.flows import get_flow
 
@@ -91,11 +129,17 @@ def status(key):  # kB, from the kernel: VmRSS now, VmHWM peak
 flow, path, method = sys.argv[1], sys.argv[2], sys.argv[3]
 inputs = torch.load(sys.argv[4])
 base = status("VmRSS")
+t0 = time.perf_counter()
 loaded = get_flow(flow).open({method: Path(path)})
+loaded.preload([method])
+load_s = time.perf_counter() - t0
 after_load = status("VmRSS")
+t0 = time.perf_counter()
+loaded.run(method, inputs)
+first_s = time.perf_counter() - t0
 for _ in range(3):
     loaded.run(method, inputs)
-print(json.dumps({"base_kb": base, "load_kb": after_load, "run_kb": status("VmHWM")}))
+print(json.dumps({"base_kb": base, "load_kb": after_load, "run_kb": status("VmHWM"), "load_s": load_s, "first_call_s": first_s}))
 """
 
 
@@ -116,7 +160,8 @@ def test_peak_rss(benchmark, programs, flow_name, variant, ramp, tmp_path, bench
 
 
 def test_context_study(benchmark, decoder, ramp, bench_extra):
-    """Windowed stream vs offline for left context in {0, 8, 25, 48, 72, 144}."""
+    """Windowed stream vs offline for left context in {0, 8, 25, 48, 72, 144}: the start (the
+    first `context` frames, windows short of history) and the steady state (after 144 frames)."""
     cfg = decoder.config
     frames = 2 * max(CONTEXTS) + 30
     c = codes(decoder, frames, 1)
@@ -130,7 +175,10 @@ def test_context_study(benchmark, decoder, ramp, bench_extra):
             wav = stream_windowed(run, c, cfg.hop, ctx, ramp).wav
             start = max(CONTEXTS) * cfg.hop  # steady state: past every context's warm-up
             d_all, d_steady = compare(wav, offline), compare(wav[:, start:], offline[:, start:])
+            d_start = compare(wav[:, :ctx * cfg.hop], offline[:, :ctx * cfg.hop]) if ctx else None
             rows.append({"context": ctx, "snr_db": d_all.snr_db, "max_abs": d_all.max_abs,
+                         "start_snr_db": d_start.snr_db if d_start else None,
+                         "start_max_abs": d_start.max_abs if d_start else None,
                          "steady_snr_db": d_steady.snr_db, "steady_max_abs": d_steady.max_abs})
         return rows
 
