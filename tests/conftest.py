@@ -26,7 +26,7 @@ def pytest_addoption(parser):
     g = parser.getgroup("c2w-export")
     g.addoption("--model", default=None, help="model dir or hub id (default: tiny synthetic, generated)")
     g.addoption("--preset", default="tiny", choices=["tiny", "real"], help="synthetic preset when no --model")
-    g.addoption("--ramp", default="2,4,8,16,25", help="comma-separated chunk sizes")
+    g.addoption("--ramp", default="1,2,4,8,16,25", help="comma-separated chunk sizes")
     g.addoption("--context", type=int, default=72, help="windowed left context frames")
     g.addoption("--backends", default=",".join(ALL_FLOWS), help="comma-separated flows to test")
     g.addoption("--real", action="store_true", help="also run real-size (slow) tests")
@@ -166,7 +166,7 @@ def partial_reason(session, exitstatus) -> str | None:
         return "-x / --maxfail"
     if DESELECTED or getattr(opt, "lf", False) or getattr(opt, "failedfirst", False):
         return "tests were deselected"
-    defaults = {"--backends": ",".join(ALL_FLOWS), "--ramp": "2,4,8,16,25", "--context": 72, "--model": None, "--preset": "tiny"}
+    defaults = {"--backends": ",".join(ALL_FLOWS), "--ramp": "1,2,4,8,16,25", "--context": 72, "--model": None, "--preset": "tiny"}
     changed = [k for k, v in defaults.items() if get(k) != v]
     if changed:
         return f"non-default {', '.join(changed)}"
