@@ -173,7 +173,7 @@ def _decode_and_report(artifacts: Path, codes_path: Path, out: Path, variant: st
           f"in {len(res.steps)} chunks -> {out} ({wav_format})")
     print(f"load {res.load_seconds * 1e3:.1f} ms (cold start: every method, before the first chunk)")
     print(f"real-time factor {res.real_time_factor:.3f} (compute/audio), first chunk {res.first_chunk_seconds * 1e3:.1f} ms "
-          f"({res.steps[0].frames} frames, warm)")
+          f"({res.steps[0].frames} frames, methods already loaded)")
     print(f"playback at 24 kHz from the first chunk: {res.playback(hop).describe()}")
     if check:
         print(f"check vs offline eager decode: {check_text}")
