@@ -5,8 +5,8 @@ and `demo`. Streams follow the manifest's ramp (or a sub-ramp of its chunks, see
 - `open_stream(artifacts)`: a `StreamDecoder` to push codes into as they arrive (from a TTS talker)
   and get audio chunks back; `StreamDecoder.stream(chunks)` is the generator form.
 Every method is loaded before the first chunk, so the load time (cold start) is measured apart from
-the first audio. The first call after loading is still slower than later ones (first touch of
-the packed weights: 1.44 s against 0.54 s warm, XNNPACK stateful chunk 25, real size).
+the first audio. The first call after loading is still slower than later ones (measured 1.44 s
+against 0.54 s warm, XNNPACK stateful chunk 25, real size; the cause is not profiled yet).
 """
 
 from __future__ import annotations
