@@ -44,8 +44,8 @@ def check_history(context: int, i: int, seed: int = 0) -> Tensor:
     """The windowed `history` input (int64 [1]) of check window i: a partial history first (the
     stream-start path, drawn from 1..context-1), then a full one, then none, in turn."""
     kind = i % 3
-    if context <= 1 or kind == 2:
-        return torch.tensor([context if kind == 1 else 0], dtype=torch.int64)
     if kind == 1:
         return torch.tensor([context], dtype=torch.int64)
+    if kind == 2 or context <= 1:  # no partial history fits in a context of 0 or 1
+        return torch.tensor([0], dtype=torch.int64)
     return torch.randint(1, context, (1,), generator=torch.Generator().manual_seed(seed + i))

@@ -34,6 +34,7 @@ from ..model.validate import InputError
 from .codes import random_codes
 from .compare import Diff, compare
 from .flows import ModuleLoaded
+from .playback import Playback, simulate_playback
 from .tolerances import Tolerance, tolerance
 from .variants import VARIANTS, initial_state, make_variant, method_name
 
@@ -92,6 +93,10 @@ class StreamResult:
     def real_time_factor(self, sample_rate: int) -> float:
         """Compute time / audio time."""
         return sum(self.seconds) / (self.wav.shape[-1] / sample_rate)
+
+    def playback(self, hop: int, sample_rate: int) -> Playback:
+        """A real-time player fed by this stream's measured calls (program/playback.py)."""
+        return simulate_playback(self.seconds, [s.frames * hop / sample_rate for s in self.steps])
 
 
 def _pad_right(codes: Tensor, n: int) -> Tensor:

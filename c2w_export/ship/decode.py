@@ -19,8 +19,8 @@ from typing import Sequence
 from torch import Tensor
 
 from ..model.validate import check_codes
-from ..program.playback import Playback, simulate_playback
-from ..program.streaming import Step, StreamDecoder, check_ramp
+from ..program.playback import Playback
+from ..program.streaming import Step, StreamDecoder, StreamResult, check_ramp
 from ..program.variants import method_name
 from .artifacts import Artifacts, open_artifacts
 
@@ -49,7 +49,7 @@ class Decoded:
         return sum(self.seconds) / self.audio_seconds
 
     def playback(self, hop: int) -> Playback:
-        return simulate_playback(self.seconds, [s.frames * hop / self.sample_rate for s in self.steps])
+        return StreamResult(self.wav, self.steps, self.seconds).playback(hop, self.sample_rate)
 
     def to_json(self, hop: int) -> dict:
         return {"variant": self.variant, "ramp": self.ramp, "frames": sum(s.frames for s in self.steps),
@@ -102,6 +102,7 @@ def decode(artifacts: str | Path | Artifacts, codes: Tensor, variant: str | None
     Raises ArtifactError / ManifestError for a damaged directory, InputError for bad codes and
     ValueError for a variant or ramp the directory does not hold."""
     art = artifacts if isinstance(artifacts, Artifacts) else open_artifacts(artifacts)
+    # checked here too (the stream checks each push): bad codes fail before the methods load
     check_codes(codes, art.decode["num_quantizers"], art.decode["codebook_size"])
     stream, load = open_stream(art, variant, ramp)
     res = stream.result(list(stream.stream([codes])))

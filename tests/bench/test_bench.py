@@ -11,7 +11,6 @@ import torch
 
 from c2w_export.program.compare import compare
 from c2w_export.program.flows import ModuleLoaded
-from c2w_export.program.playback import simulate_playback
 from c2w_export.program.streaming import StreamResult, stream_stateful, stream_windowed
 from c2w_export.program.variants import example_inputs, make_variant, method_name
 from c2w_export.report.flops import flops_per_audio_second, offline_flops_per_audio_second
@@ -24,9 +23,12 @@ CONTEXTS = (0, 8, 25, 48, 72, 144)
 SCHEDULES = ((1, 2, 4, 8, 16, 25), (2, 4, 8, 16, 25), (4, 8, 16, 25))  # first-audio schedule candidates
 
 
-def playback_of(res: StreamResult, hop: int, sample_rate: int) -> dict:
-    """The playback simulation of a measured stream (program/playback.py) as report fields."""
-    return simulate_playback(res.seconds, [s.frames * hop / sample_rate for s in res.steps]).to_json()
+def stream_of(run, variant: str, state, c, hop: int, context: int, ramp) -> StreamResult:
+    """One whole stream of codes `c` through `run`: stateful from `state` (built once, outside the
+    timed call), or windowed."""
+    if variant == "stateful":
+        return stream_stateful(run, state, c, hop, ramp)
+    return stream_windowed(run, c, hop, context, ramp)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -52,11 +54,8 @@ def test_stream_rtf(benchmark, programs, flow_name, variant, ramp, context, deco
     frames = STREAM_SECONDS * cfg.output_sample_rate // cfg.hop
     c = codes(decoder, frames, 0)
     run = programs.runner(flow_name, variant).run
-    if variant == "stateful":
-        init = initial_state(decoder)
-        go = lambda: stream_stateful(run, init, c, cfg.hop, ramp)
-    else:
-        go = lambda: stream_windowed(run, c, cfg.hop, context, ramp)
+    init = initial_state(decoder)
+    go = lambda: stream_of(run, variant, init, c, cfg.hop, context, ramp)
     benchmark.group = f"stream-{variant}"
     benchmark.extra_info.update({"flow": flow_name, "variant": variant, "kind": "stream"})
     res = benchmark.pedantic(go, rounds=2, iterations=1, warmup_rounds=0)
@@ -64,7 +63,7 @@ def test_stream_rtf(benchmark, programs, flow_name, variant, ramp, context, deco
     benchmark.extra_info.update({"rtf": rtf, "first_audio_s": res.first_chunk_seconds})
     bench_extra["streams"].append({"flow": flow_name, "variant": variant, "frames": frames, "rtf": rtf,
                                    "first_audio_s": res.first_chunk_seconds, "chunks": len(res.steps),
-                                   "playback": playback_of(res, cfg.hop, cfg.output_sample_rate)})
+                                   "playback": res.playback(cfg.hop, cfg.output_sample_rate).to_json()})
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -75,21 +74,18 @@ def test_schedule_study(benchmark, programs, flow_name, variant, ramp, context, 
     frames = STREAM_SECONDS * cfg.output_sample_rate // cfg.hop
     c = codes(decoder, frames, 5)
     run = programs.runner(flow_name, variant).run
+    init = initial_state(decoder)  # states are never mutated in place, so one serves every stream
     candidates = [list(r) for r in SCHEDULES if set(r) <= set(ramp)]
     candidates += [ramp] if ramp not in candidates else []
-
-    def one(sched):
-        if variant == "stateful":
-            return stream_stateful(run, initial_state(decoder), c, cfg.hop, sched)
-        return stream_windowed(run, c, cfg.hop, context, sched)
 
     def study():
         rows = []
         for sched in candidates:
-            best = min((one(sched) for _ in range(2)), key=lambda r: sum(r.seconds))
+            streams = (stream_of(run, variant, init, c, cfg.hop, context, sched) for _ in range(2))
+            best = min(streams, key=lambda r: sum(r.seconds))
             rows.append({"flow": flow_name, "variant": variant, "ramp": sched, "frames": frames,
                          "rtf": best.real_time_factor(cfg.output_sample_rate), "first_audio_s": best.first_chunk_seconds,
-                         "playback": playback_of(best, cfg.hop, cfg.output_sample_rate)})
+                         "playback": best.playback(cfg.hop, cfg.output_sample_rate).to_json()})
         return rows
 
     benchmark.group = f"schedules-{variant}"
