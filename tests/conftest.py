@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from helpers import ALL_FLOWS, ProgramCache, selected_flows
+from helpers import ALL_FLOWS, ProgramCache, built_once, selected_flows
 
 settings.register_profile("dev", max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True, print_blob=True,
@@ -80,9 +80,8 @@ def model_dir(pytestconfig, tmp_path_factory) -> str:
         return model
     from c2w_export.model.synth import synth
 
-    out = tmp_path_factory.mktemp(f"synth-{pytestconfig.getoption('--preset')}")
-    synth(pytestconfig.getoption("--preset"), 0, out)
-    return str(out)
+    preset = pytestconfig.getoption("--preset")
+    return str(built_once(tmp_path_factory, f"synth-{preset}", lambda out: synth(preset, 0, out)))
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,11 @@
 """The one test-helper module: random codes, the initial state, the offline reference, the
---backends filter, case tables with readable ids, numerics-report rows, the session program cache
+--backends filter, case tables with readable ids, numerics-report rows, the session program cache, directories built once
 and the Hypothesis strategies. Tests import this, never conftest."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Sequence
 
@@ -29,6 +31,28 @@ def offline(decoder, c: torch.Tensor) -> torch.Tensor:
     """The offline eager decode, [1, T*hop]."""
     with torch.no_grad():
         return decoder(c)[:, 0]
+
+
+# ---------------------------------------------------------------- session directories
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """`build(dir)` into a fresh session directory; or, when C2W_ARTIFACT_CACHE is set (only by
+    `tox -e mutation`), into that cache once and reused by every later session. Under mutation the
+    first session runs the unmutated code, so each mutant is judged against the checkpoint and the
+    programs a team would ship, instead of paying a lowering per mutant."""
+    cache = os.environ.get("C2W_ARTIFACT_CACHE")
+    if not cache:
+        out = tmp_path_factory.mktemp(name)
+        build(out)
+        return out
+    out = Path(cache) / name
+    if not out.exists():
+        partial = Path(cache) / f".{name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        build(partial)
+        partial.rename(out)  # a build that died halfway is never reused
+    return out
+
 
 
 # ---------------------------------------------------------------- selection and tables

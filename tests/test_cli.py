@@ -15,7 +15,7 @@ import torch
 
 from c2w_export import cli
 from c2w_export.ship import manifest as mf
-from helpers import cases
+from helpers import built_once, cases
 
 RAMP = ["2", "4"]
 
@@ -30,22 +30,22 @@ def c2w(*args, timeout=900):
 @pytest.fixture(scope="session")
 def artifacts(model_dir, tmp_path_factory):
     """torch_export artifacts, both variants, ramp 2 4: built once by the CLI."""
-    out = tmp_path_factory.mktemp("artifacts") / "pt2"
-    rc = cli.main(["export", "--model", model_dir, "--out-dir", str(out), "--ramp", *RAMP,
-                   "--backend", "torch_export", "--variant", "both"])
-    assert rc == 0
-    return out
+    def build(out):
+        rc = cli.main(["export", "--model", model_dir, "--out-dir", str(out / "pt2"), "--ramp", *RAMP,
+                       "--backend", "torch_export", "--variant", "both"])
+        assert rc == 0
+    return built_once(tmp_path_factory, "artifacts-pt2", build) / "pt2"
 
 
 @pytest.fixture(scope="session")
 def et_artifacts(model_dir, tmp_path_factory):
     """XNNPACK, one multi-method .pte holding both variants at chunk 2, with bundled vectors."""
-    out = tmp_path_factory.mktemp("artifacts") / "pte"
-    rc, so, se = c2w("export", "--model", model_dir, "--out-dir", out, "--ramp", "2", "--variant", "both",
-                     "--multi-method", "--bundle")
-    assert rc == 0, se
-    assert "[1/2] executorch_xnnpack chunk_2 (chunk 2)" in so and " MB, " in so, so  # progress per program
-    return out
+    def build(out):
+        rc, so, se = c2w("export", "--model", model_dir, "--out-dir", out / "pte", "--ramp", "2", "--variant", "both",
+                         "--multi-method", "--bundle")
+        assert rc == 0, se
+        assert "[1/2] executorch_xnnpack chunk_2 (chunk 2)" in so and " MB, " in so, so  # progress per program
+    return built_once(tmp_path_factory, "artifacts-pte", build) / "pte"
 
 
 @pytest.fixture
