@@ -21,10 +21,31 @@ RAMP = ["2", "4"]
 
 
 def c2w(*args, timeout=900):
-    """Run the real console entry in a subprocess; returns (returncode, stdout, stderr)."""
+    """Run the real console entry in a subprocess; returns (returncode, stdout, stderr).
+    Under `tox -e mutation` (C2W_CLI_IN_PROCESS) it runs in this process instead, so mutmut sees
+    which code each test reaches and the mutant under test is the one that runs."""
+    if os.environ.get("C2W_CLI_IN_PROCESS"):
+        return _in_process([str(a) for a in args])
     p = subprocess.run([sys.executable, "-m", "c2w_export", *map(str, args)], capture_output=True, text=True,
                        timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     return p.returncode, p.stdout, p.stderr
+
+
+def _in_process(argv):
+    import contextlib
+    import io
+    import traceback
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = cli.main(argv)
+        except SystemExit as e:  # argparse usage errors
+            rc = e.code if isinstance(e.code, int) else 2
+        except Exception:  # what a subprocess would show as a crash
+            traceback.print_exc()
+            rc = 1
+    return rc, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="session")
