@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("bench") and not config.getoption("--bench"):
             item.add_marker(skip_bench)
     budget = os.environ.get("C2W_MUTATION_BUDGET_S")
-    if budget and Path("mutmut-stats.json").exists():
+    if budget and Path("mutmut-stats.json").exists() and not config.option.collectonly:  # mutmut lists tests with --collect-only
         fastest_first(config, items, float(budget))
 
 

@@ -127,6 +127,31 @@ def test_verify_runs_bundled_vectors(et_artifacts):
     assert so.count("via bundled API") == 2, so
 
 
+def test_verify_bundle_and_method_rows(et_artifacts, copy_of):
+    """verify's method-name and bundle checks, called directly (fast): windowed bundles at atol
+    only, the stateful chain also at BUNDLE_STATE_RTOL; a program listed without a bundle is passed
+    over and the bundles after it still run; a manifest that records more vectors than the .bpte
+    holds fails that method's row with the runtime's error, and the other method still passes."""
+    from c2w_export.ship.artifacts import open_artifacts
+    from c2w_export.ship.verify import check_method_names, verify_bundles
+
+    art = open_artifacts(et_artifacts)
+    assert [(r.target, r.passed, r.detail) for r in check_method_names(art, art.programs())] == [
+        ("code2wav.pte", True, "2 method(s) by name")]
+    first, second = (p["method"] for p in art.manifest["programs"])
+    rows = verify_bundles(art)
+    assert [(r.check, r.target, r.passed, r.detail) for r in rows] == [
+        ("bundle", "chunk_2", True, "2 vector(s) via bundled API (atol 3e-05, rtol 0)"),
+        ("bundle", "stateful_chunk_2", True, "2 vector(s) via bundled API (atol 3e-05, rtol 0.0001)")], rows
+    root = copy_of(et_artifacts)
+    _manifest_edit(lambda m: m["programs"][0].pop("bundle"))(root)
+    assert [r.target for r in verify_bundles(open_artifacts(root))] == [second]
+    _manifest_edit(lambda m: m["programs"][1]["bundle"].__setitem__("cases", 3))(root)
+    (bad,) = verify_bundles(open_artifacts(root))
+    assert (bad.check, bad.target, bad.passed, bad.diff, bad.tolerance) == ("bundle", second, False, None, None)
+    assert bad.detail.startswith("bundled vectors failed (atol 3e-05, rtol 0.0001): "), bad.detail
+
+
 def test_multi_method_file_holds_every_method(et_artifacts):
     from executorch.runtime import Runtime
 

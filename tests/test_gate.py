@@ -124,3 +124,62 @@ def test_a_broken_fold_fails_at_the_prepare_stage(decoder, ramp, context, tmp_pa
     results, _ = build(decoder, flow, ["stateful"], ramp[:1], context, tmp_path / "bad", windows=1)
     assert not results[0].stages["prepare"].within(results[0].tolerance), results[0].stages["prepare"].describe()
     assert "stage 'prepare' diverged" in results[0].failure()
+
+
+def test_verify_report_table_and_json_by_hand():
+    """What `verify` prints and emits, against hand-written text: a row with a diff (finite and
+    infinite SNR, the tolerance) and a row without (hashes), PASS and FAIL with its detail."""
+    import json
+
+    from c2w_export.ship.verify import EXIT_PARITY, Report, Row
+
+    rows = [Row("hashes", "2 file(s)", None, None, True),
+            Row("windows", "chunk_2", _diff(2.5e-6, 110.04), TOL, True),
+            Row("stream", "stateful (9 frames)", _diff(0.0, math.inf), TOL, False, "over tolerance: x")]
+    r = Report(rows, EXIT_PARITY)
+    assert r.table().splitlines() == [
+        "check      target                        max_abs   SNR dB       tol  result",
+        "hashes     2 file(s)                           -        -         -  PASS",
+        "windows    chunk_2                       2.5e-06    110.0     0.001  PASS",
+        "stream     stateful (9 frames)                 0      inf     0.001  FAIL  over tolerance: x",
+    ]
+    j = json.loads(r.to_json())
+    assert (j["exit_code"], j["passed"]) == (1, False)
+    assert j["rows"][0] == {"check": "hashes", "target": "2 file(s)", "passed": True, "detail": "", "diff": None,
+                            "tolerance": None}
+    assert j["rows"][1]["diff"] == {"max_abs": 2.5e-6, "index": [0], "snr_db": 110.04, "mean_abs": 1.25e-6}
+    assert j["rows"][1]["tolerance"] == {"max_abs": 1e-3, "min_snr_db": 60.0, "why": "for this test"}
+    assert j["rows"][2]["diff"]["snr_db"] is None
+    assert json.loads(Report(rows[:1]).to_json())["passed"] is True
+
+
+class _Lazy:
+    """A runtime that records which methods it was asked to preload, or fails doing it."""
+
+    def __init__(self, methods, fail=False):
+        self.methods, self.fail, self.preloaded = list(methods), fail, []
+
+    def preload(self, methods):
+        if self.fail:
+            raise RuntimeError("no memory")
+        self.preloaded.append(sorted(methods))
+
+
+def _dispatch(*loaded):
+    from c2w_export.program.runner import Dispatch, Runner
+
+    one = [Runner("executorch_xnnpack", lo, dict.fromkeys(lo.methods), 2048) for lo in loaded]  # one per program
+    return Dispatch({m: r for r in one for m in r.specs})
+
+
+def test_preload_loads_each_program_once_with_its_own_methods():
+    a, b = _Lazy(["chunk_2", "chunk_4"]), _Lazy(["stateful_chunk_2"])
+    d = _dispatch(a, b)
+    d.preload()
+    assert a.preloaded == [["chunk_2", "chunk_4"]] and b.preloaded == [["stateful_chunk_2"]]
+    assert d.methods == ["chunk_2", "chunk_4", "stateful_chunk_2"]
+
+
+def test_preload_failure_names_the_flow_and_the_cause():
+    with pytest.raises(FlowError, match=r"executorch_xnnpack: loading methods failed: RuntimeError: no memory"):
+        _dispatch(_Lazy(["chunk_2"], fail=True)).preload()

@@ -288,3 +288,22 @@ def test_simulate_playback_hand_computed(compute, audio, buffer, expected):
 def test_simulate_playback_rejects_mismatched_lengths():
     with pytest.raises(ValueError, match="one compute time per chunk"):
         simulate_playback([0.1, 0.2], [0.5])
+
+
+def test_stream_result_times_by_hand():
+    """Real-time factor and the player's audio per chunk from a made-up stream: 2 steps of 1 and 3
+    frames at hop 4 and 8 samples/s (0.5 s and 1.5 s of audio), computed in 0.25 s and 1.0 s."""
+    from c2w_export.program.streaming import Step, StreamResult
+
+    r = StreamResult(torch.zeros(1, 16), [Step(0, 1, 1), Step(1, 3, 4)], [0.25, 1.0])
+    assert r.real_time_factor(8) == pytest.approx(1.25 / 2.0)
+    assert r.first_chunk_seconds == 0.25
+    p = r.playback(4, 8)  # chunk 0 is ready at 0.25 and plays to 0.75; chunk 1 is ready at 1.25: one 0.5 s stall
+    assert (p.first_audio_s, p.underruns, p.stall_s) == pytest.approx((0.25, 1, 0.5))
+
+
+def test_manifest_ramp_reason_names_the_measurement_only_for_the_default():
+    from c2w_export.program.streaming import DEFAULT_RAMP, DEFAULT_RAMP_REASON, ramp_reason
+
+    assert ramp_reason(list(DEFAULT_RAMP)) == DEFAULT_RAMP_REASON and "55.8 ms" in DEFAULT_RAMP_REASON
+    assert ramp_reason([2, 4, 8, 16, 25]) == "given to export with --ramp"
