@@ -1,9 +1,10 @@
 """The one test-helper module: random codes, the initial state, the offline reference, the
---backends filter, case tables with readable ids, numerics-report rows, the session program cache, directories built once
-and the Hypothesis strategies. Tests import this, never conftest."""
+--backends filter, case tables with readable ids, numerics-report rows, the session program cache, directories built once,
+manifest edits and the Hypothesis strategies. Tests import this, never conftest."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -53,6 +54,16 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
         partial.rename(out)  # a build that died halfway is never reused
     return out
 
+
+def manifest_edit(edit):
+    """A function of an artifacts directory that applies `edit(manifest dict)` to its manifest.json
+    (the manifest is not hashed, so tests edit it as an attacker or a broken tool would)."""
+    def apply(root):
+        path = root / "manifest.json"
+        m = json.loads(path.read_text())
+        edit(m)
+        path.write_text(json.dumps(m))
+    return apply
 
 
 # ---------------------------------------------------------------- selection and tables

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
 import os
 import platform
 import sys
@@ -19,6 +20,8 @@ import tomllib
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
+
+from c2w_export.env import cpu_name
 
 HERE = Path(__file__).resolve().parent
 VERDICTS = HERE / "mutation_verdicts.toml"
@@ -31,8 +34,6 @@ def load_results() -> dict[str, tuple[str, str]]:
 
     out = {}
     for meta in sorted(Path("mutants").rglob("*.py.meta")):
-        import json
-
         data = json.loads(meta.read_text())
         src = str(meta.relative_to("mutants"))[: -len(".meta")]
         for name, code in data["exit_code_by_key"].items():
@@ -63,16 +64,6 @@ def changed_lines(name: str, src: str) -> str:
     diff = get_diff_for_mutant(name, path=src).splitlines()
     lines = [ln for ln in diff if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
     return " / ".join(ln[0] + " " + ln[1:].strip() for ln in lines)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 UNCHECKED = ("not checked", "check was interrupted by user")

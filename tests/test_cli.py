@@ -15,7 +15,7 @@ import torch
 
 from c2w_export import cli
 from c2w_export.ship import manifest as mf
-from helpers import built_once, cases
+from helpers import built_once, cases, manifest_edit
 
 RAMP = ["2", "4"]
 
@@ -138,15 +138,15 @@ def test_verify_bundle_and_method_rows(et_artifacts, copy_of):
     art = open_artifacts(et_artifacts)
     assert [(r.target, r.passed, r.detail) for r in check_method_names(art, art.programs())] == [
         ("code2wav.pte", True, "2 method(s) by name")]
-    first, second = (p["method"] for p in art.manifest["programs"])
+    second = art.manifest["programs"][1]["method"]
     rows = verify_bundles(art)
     assert [(r.check, r.target, r.passed, r.detail) for r in rows] == [
         ("bundle", "chunk_2", True, "2 vector(s) via bundled API (atol 3e-05, rtol 0)"),
         ("bundle", "stateful_chunk_2", True, "2 vector(s) via bundled API (atol 3e-05, rtol 0.0001)")], rows
     root = copy_of(et_artifacts)
-    _manifest_edit(lambda m: m["programs"][0].pop("bundle"))(root)
+    manifest_edit(lambda m: m["programs"][0].pop("bundle"))(root)
     assert [r.target for r in verify_bundles(open_artifacts(root))] == [second]
-    _manifest_edit(lambda m: m["programs"][1]["bundle"].__setitem__("cases", 3))(root)
+    manifest_edit(lambda m: m["programs"][1]["bundle"].__setitem__("cases", 3))(root)
     (bad,) = verify_bundles(open_artifacts(root))
     assert (bad.check, bad.target, bad.passed, bad.diff, bad.tolerance) == ("bundle", second, False, None, None)
     assert bad.detail.startswith("bundled vectors failed (atol 3e-05, rtol 0.0001): "), bad.detail
@@ -272,29 +272,20 @@ def _flip(p):
     p.write_bytes(bytes(data))
 
 
-def _manifest_edit(edit):
-    def apply(root):
-        path = root / "manifest.json"
-        m = json.loads(path.read_text())
-        edit(m)
-        path.write_text(json.dumps(m))
-    return apply
-
-
 BAD_ARTIFACTS = [
     ("truncated-pte", lambda r: _truncate(r / "code2wav.pte"), "truncated or replaced"),
     ("flipped-byte", lambda r: _flip(r / "code2wav.pte"), "sha256 mismatch"),
     ("missing-file", lambda r: (r / "code2wav.pte").unlink(), "missing artifact file code2wav.pte"),
-    ("missing-field", _manifest_edit(lambda m: m["decode"].pop("hop")), "missing required field 'hop'"),
-    ("wrong-type", _manifest_edit(lambda m: m["programs"][0].__setitem__("chunk", "2")), "chunk must be int"),
-    ("format-version", _manifest_edit(lambda m: m.__setitem__("format_version", 3)), "unknown format_version 3"),
-    ("v1-manifest", _manifest_edit(lambda m: m.__setitem__("format_version", 1)), "re-export"),
-    ("no-ramp-reason", _manifest_edit(lambda m: m["decode"].pop("ramp_reason")), "missing required field 'ramp_reason'"),
+    ("missing-field", manifest_edit(lambda m: m["decode"].pop("hop")), "missing required field 'hop'"),
+    ("wrong-type", manifest_edit(lambda m: m["programs"][0].__setitem__("chunk", "2")), "chunk must be int"),
+    ("format-version", manifest_edit(lambda m: m.__setitem__("format_version", 3)), "unknown format_version 3"),
+    ("v1-manifest", manifest_edit(lambda m: m.__setitem__("format_version", 1)), "re-export"),
+    ("no-ramp-reason", manifest_edit(lambda m: m["decode"].pop("ramp_reason")), "missing required field 'ramp_reason'"),
     ("no-manifest", lambda r: (r / "manifest.json").unlink(), "no manifest.json"),
     ("not-json", lambda r: (r / "manifest.json").write_text("{"), "not valid JSON"),
-    ("absolute-path", _manifest_edit(lambda m: m["programs"][0].__setitem__("path", "/etc/passwd")), "must be relative"),
-    ("dotdot-path", _manifest_edit(lambda m: m["programs"][0].__setitem__("path", "../code2wav.pte")), "must be relative"),
-    ("dotdot-bundle", _manifest_edit(lambda m: m["programs"][0]["bundle"].__setitem__("path", "../x.bpte")), "must be relative"),
+    ("absolute-path", manifest_edit(lambda m: m["programs"][0].__setitem__("path", "/etc/passwd")), "must be relative"),
+    ("dotdot-path", manifest_edit(lambda m: m["programs"][0].__setitem__("path", "../code2wav.pte")), "must be relative"),
+    ("dotdot-bundle", manifest_edit(lambda m: m["programs"][0]["bundle"].__setitem__("path", "../x.bpte")), "must be relative"),
     ("damaged-bpte", lambda r: _flip(r / "code2wav.bpte"), "code2wav.bpte: sha256 mismatch"),
 ]
 
@@ -392,7 +383,7 @@ def _rehash(root, rel):
                 p["sha256"], p["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
             if p.get("bundle", {}).get("path") == rel:
                 p["bundle"]["sha256"] = hashlib.sha256(data).hexdigest()
-    _manifest_edit(edit)(root)
+    manifest_edit(edit)(root)
 
 
 def test_verify_rejects_replaced_program_with_loosened_tolerance(artifacts, copy_of, tmp_path):
@@ -405,7 +396,7 @@ def test_verify_rejects_replaced_program_with_loosened_tolerance(artifacts, copy
     root = copy_of(artifacts)
     shutil.copy(other / "code2wav_chunk_2.pt2", root / "code2wav_chunk_2.pt2")
     _rehash(root, "code2wav_chunk_2.pt2")
-    _manifest_edit(lambda m: [p.__setitem__("tolerance", {"max_abs": 10.0, "min_snr_db": -100.0, "why": "trust me"})
+    manifest_edit(lambda m: [p.__setitem__("tolerance", {"max_abs": 10.0, "min_snr_db": -100.0, "why": "trust me"})
                               for p in m["programs"]])(root)
     rc, so, se = c2w("verify", "--artifacts", root, "--json")
     assert rc == 1, so + se
@@ -452,8 +443,8 @@ def test_verify_names_the_wrong_method_of_a_multi_method_pte(et_artifacts, copy_
 def test_verify_reports_an_extra_method(et_artifacts, copy_of):
     """A file holding a method the manifest does not name fails the 'methods' check by name."""
     root = copy_of(et_artifacts)
-    _manifest_edit(lambda m: m.__setitem__("programs", [p for p in m["programs"] if p["method"] != "stateful_chunk_2"]))(root)
-    _manifest_edit(lambda m: m["decode"].__setitem__("variants", ["windowed"]))(root)
+    manifest_edit(lambda m: m.__setitem__("programs", [p for p in m["programs"] if p["method"] != "stateful_chunk_2"]))(root)
+    manifest_edit(lambda m: m["decode"].__setitem__("variants", ["windowed"]))(root)
     rc, so, se = c2w("verify", "--artifacts", root, "--json")
     assert rc == 1, so + se
     row = next(r for r in json.loads(so)["rows"] if r["check"] == "methods")

@@ -3,14 +3,12 @@ decoder's receptive field, so the windowed steady state is exact; both variants)
 every row it writes, and each of its checks shown failing. The CLI tests (test_cli.py) run the
 same paths end to end on the default context; these are fast enough for mutation testing to reach."""
 
-import json
-
 import pytest
 
 from c2w_export import cli
 from c2w_export.program.tolerances import tolerance
 from c2w_export.ship.verify import EXIT_OK, EXIT_PARITY, verify
-from helpers import built_once, cases
+from helpers import built_once, cases, manifest_edit
 
 FRAMES = 26 + 2 + 2 + 5  # stream_frames(ramp [2], 5, context 26): context, the ramp, one repeat, a partial chunk
 
@@ -28,13 +26,6 @@ def other_model(tmp_path_factory):
     out = tmp_path_factory.mktemp("other")
     assert cli.main(["synth", "--preset", "tiny", "--seed", "1", "--out", str(out)]) == 0
     return str(out)
-
-
-def _edit(root, edit):
-    path = root / "manifest.json"
-    m = json.loads(path.read_text())
-    edit(m)
-    path.write_text(json.dumps(m))
 
 
 @pytest.fixture
@@ -87,7 +78,7 @@ LOOSER = [
 
 @pytest.mark.parametrize("recorded,text", cases(LOOSER))
 def test_verify_reports_a_looser_recorded_tolerance_and_checks_at_the_table(copy, model_dir, recorded, text):
-    _edit(copy, lambda m: m["programs"][0].__setitem__("tolerance", {**recorded, "why": "trust me"}))
+    manifest_edit(lambda m: m["programs"][0].__setitem__("tolerance", {**recorded, "why": "trust me"}))(copy)
     rep = verify(copy, model_dir)
     assert rep.exit_code == EXIT_PARITY
     (row,) = [r for r in rep.rows if not r.passed]
@@ -98,6 +89,6 @@ def test_verify_reports_a_looser_recorded_tolerance_and_checks_at_the_table(copy
 
 
 def test_verify_a_tighter_recorded_tolerance_is_not_a_finding(copy, model_dir):
-    _edit(copy, lambda m: m["programs"][1].__setitem__("tolerance", {"max_abs": 1e-9, "min_snr_db": 200.0, "why": "x"}))
+    manifest_edit(lambda m: m["programs"][1].__setitem__("tolerance", {"max_abs": 1e-9, "min_snr_db": 200.0, "why": "x"}))(copy)
     rep = verify(copy, model_dir)
     assert rep.exit_code == EXIT_OK and "tolerance" not in {r.check for r in rep.rows}
