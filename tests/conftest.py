@@ -54,18 +54,31 @@ def fastest_first(config, items, budget_s: float) -> None:
     """Under `tox -e mutation` (mutmut runs a mutant's covering tests with -x, from mutants/): run
     them fastest first by the durations mutmut measured on the unmutated code, so a kill costs
     the cheapest test that sees it, and stop adding tests past `budget_s` seconds of them. A mutant
-    that survives the budget counts as survived, so the published score is a lower bound."""
+    that survives the budget counts as survived, so the published score is a lower bound.
+
+    A test marked `mutation_first("<glob over mutant names>")` asserts a function's whole output by
+    hand: for that function's mutants it runs first and outside the budget (cheap tests that run
+    the function without reading its labels would otherwise spend the budget before it)."""
+    import fnmatch
     import json
 
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+
+    def first(item) -> bool:
+        mark = item.get_closest_marker("mutation_first")
+        return mark is not None and fnmatch.fnmatchcase(mutant, mark.args[0])
+
     took = json.loads(Path("mutmut-stats.json").read_text())["duration_by_test"]
-    items.sort(key=lambda i: took.get(i.nodeid, 0.0))
+    lead = [i for i in items if first(i)]
+    rest = sorted((i for i in items if not first(i)), key=lambda i: took.get(i.nodeid, 0.0))
     total = 0.0
-    for n, item in enumerate(items):
+    for n, item in enumerate(rest):
         total += took.get(item.nodeid, 0.0)
-        if total > budget_s and n > 0:
-            config.hook.pytest_deselected(items=items[n:])
-            del items[n:]
-            return
+        if total > budget_s and (n > 0 or lead):
+            config.hook.pytest_deselected(items=rest[n:])
+            del rest[n:]
+            break
+    items[:] = lead + rest
 
 
 def _ints(text: str) -> list[int]:

@@ -149,7 +149,7 @@ def test_verify_bundle_and_method_rows(et_artifacts, copy_of):
     manifest_edit(lambda m: m["programs"][1]["bundle"].__setitem__("cases", 3))(root)
     (bad,) = verify_bundles(open_artifacts(root))
     assert (bad.check, bad.target, bad.passed, bad.diff, bad.tolerance) == ("bundle", second, False, None, None)
-    assert bad.detail.startswith("bundled vectors failed (atol 3e-05, rtol 0.0001): "), bad.detail
+    assert bad.detail.startswith("bundled vectors failed (atol 3e-05, rtol 0.0001): RuntimeError: "), bad.detail
 
 
 def test_multi_method_file_holds_every_method(et_artifacts):

@@ -53,6 +53,37 @@ def test_bad_codes_raise_value_error(decoder, make, message):
     assert isinstance(e.value, ValueError)
 
 
+
+def test_check_codes_holds_a_program_to_its_frame_count(decoder):
+    decoder.check_codes(_codes(decoder), frames=4)
+    with pytest.raises(InputError, match=r"^codes must have T=5 frames for this program, got shape \(1, 16, 4\)$"):
+        decoder.check_codes(_codes(decoder), frames=5)
+
+
+TRANSPOSED_SHAPES = [  # (id, kernel, stride, valid): kernel == stride, or stride < kernel <= 2*stride
+    ("k-eq-s", 4, 4, True),
+    ("overlap-half", 6, 4, True),
+    ("k-eq-2s", 8, 4, True),
+    ("k-below-s", 3, 4, False),
+    ("k-above-2s", 9, 4, False),
+]
+
+
+@pytest.mark.parametrize("kernel,stride,valid", cases(TRANSPOSED_SHAPES))
+def test_transposed_conv_shapes(kernel, stride, valid):
+    """The carry of a transposed conv holds its overlap K-S with the next chunk; more than one
+    chunk of overlap (K > 2S) or none to carry the bias (K < S) is refused by name."""
+    from c2w_export.model.layers import CausalConvTranspose1d
+
+    if valid:
+        conv = CausalConvTranspose1d(2, 3, kernel, stride)
+        conv.state_name = "up"
+        assert conv.state_shapes() == ({"up.carry": (3, kernel - stride)} if kernel > stride else {})
+        return
+    with pytest.raises(ValueError, match=rf"^transposed conv needs kernel == stride or stride < kernel <= 2\*stride, "
+                                         rf"got {kernel}, {stride}$"):
+        CausalConvTranspose1d(2, 3, kernel, stride)
+
 def test_fp64_agrees_with_fp32(model_dir, decoder):
     """fp64 is the noise floor reference: fp32 should sit within float noise of it."""
     from c2w_export import load_decoder

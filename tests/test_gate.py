@@ -51,6 +51,18 @@ def test_compare_nan_never_passes_and_says_so():
     assert "SNR=-inf dB" in d.describe()
 
 
+DESCRIBE = [  # (id, actual, reference, describe())
+    ("equal", [1.0, 2.0], [1.0, 2.0], "max_abs=0 at (0,), SNR=inf dB, mean_abs=0"),
+    ("finite", [1.0, 2.5], [1.0, 2.0], "max_abs=0.5 at (1,), SNR=13.0 dB, mean_abs=0.25"),
+    ("silent-reference", [0.0, 1.0], [0.0, 0.0], "max_abs=1 at (1,), SNR=-inf dB, mean_abs=0.5"),
+]
+
+
+@pytest.mark.parametrize("actual,reference,text", cases(DESCRIBE))
+def test_describe_by_hand(actual, reference, text):
+    assert compare(torch.tensor(actual), torch.tensor(reference)).describe() == text
+
+
 def test_compare_rejects_shape_mismatch():
     with pytest.raises(ValueError, match="shape mismatch"):
         compare(torch.zeros(3), torch.zeros(4))
@@ -58,8 +70,9 @@ def test_compare_rejects_shape_mismatch():
 
 def test_combine_takes_the_worst_of_each():
     a, b = _diff(1e-3, 90.0), _diff(1e-5, 50.0)
+    b = Diff(1e-5, (3,), 50.0, 7e-4, 4)
     c = combine([a, b])
-    assert c.max_abs == 1e-3 and c.snr_db == 50.0
+    assert (c.max_abs, c.index, c.snr_db, c.mean_abs, c.numel) == (1e-3, (0,), 50.0, 7e-4, 14)
 
 
 def test_unknown_tolerance_key_raises_naming_it():

@@ -34,6 +34,20 @@ def test_schedule_covers_stream_exactly(total, ramp):
     assert last.chunk == planned or last.chunk == min(r for r in ramp if r >= last.frames)
 
 
+SCHEDULES = [  # (id, total, ramp, [(start, frames, chunk)])
+    ("through-the-ramp", 6, [2, 4], [(0, 2, 2), (2, 4, 4)]),
+    ("tail-fits-a-smaller-size", 8, [2, 4], [(0, 2, 2), (2, 4, 4), (6, 2, 2)]),
+    ("tail-padded-to-the-next-size", 9, [2, 4], [(0, 2, 2), (2, 4, 4), (6, 3, 4)]),
+    ("shorter-than-the-first", 1, [2, 4], [(0, 1, 2)]),
+    ("last-size-repeated", 13, [1, 4], [(0, 1, 1), (1, 4, 4), (5, 4, 4), (9, 4, 4)]),
+]
+
+
+@pytest.mark.parametrize("total,ramp,steps", cases(SCHEDULES))
+def test_schedule_by_hand(total, ramp, steps):
+    assert [(s.start, s.frames, s.chunk) for s in schedule(total, ramp)] == steps
+
+
 def test_schedule_rejects_empty_stream():
     with pytest.raises(ValueError, match="at least 1 frame"):
         schedule(0)
@@ -149,6 +163,76 @@ def test_receptive_field_bounds_the_exact_context(decoder, ramp):
         assert d.within(tolerance("windowed_steady_exact")) == exact, f"context {ctx} (reach {reach}): {d.describe()}"
 
 
+def test_receptive_frames_is_the_measured_reach(decoder):
+    """receptive_frames() (a sum over the stack's structure) against a measurement: change the codes
+    of frame 0 only; the last output frame that moves is exactly `receptive_frames()` frames later."""
+    cfg = decoder.config
+    a = _codes(decoder, 60, 31)
+    b = a.clone()
+    b[:, :, 0] = (b[:, :, 0] + 1) % cfg.codebook_size
+    moved = (_offline(decoder, a) - _offline(decoder, b)).abs().reshape(60, cfg.hop).amax(-1)
+    assert int(moved.nonzero().max()) == decoder.receptive_frames() == 26
+
+
+def test_steady_gate_is_exact_from_the_receptive_field_on(decoder):
+    reach = decoder.receptive_frames()
+    assert steady_tolerance(decoder, reach) == tolerance("windowed_steady_exact")
+    assert steady_tolerance(decoder, reach - 1) == tolerance("windowed_steady_approx")
+
+
+def test_stream_frames_by_hand():
+    assert stream_frames([1, 2, 3, 5], 4, 10) == 10 + 11 + 5 + 4
+    assert stream_frames([2], 1) == 5
+
+
+def _eager_both(decoder, chunk, context):
+    return ModuleLoaded({method_name("windowed", chunk): make_variant(decoder, "windowed", chunk, context),
+                         method_name("stateful", chunk): make_variant(decoder, "stateful", chunk, 0)})
+
+
+def _off_by_1e3_when_stateful(run):
+    def wrong(method, inputs):
+        out = run(method, inputs)
+        if method.startswith("stateful"):
+            wav = out[0].clone()
+            wav[..., 0] += 1e-3
+            out = (wav, *out[1:])
+        return out
+    return wrong
+
+
+@pytest.mark.mutation_first("c2w_export.program.streaming.x_stream_check__*")
+def test_stream_check_rows_by_hand(decoder):
+    """stream_check on eager programs of both variants (ramp [2], context = the receptive field):
+    each row's name, reference, gate and compared length as written here, all passing; a stream
+    no longer than the context has no steady row; a stateful program off by 1e-3 on one sample
+    fails the stateful row and only it."""
+    hop, ctx = decoder.config.hop, decoder.receptive_frames()
+    run, gate = _eager_both(decoder, 2, ctx).run, tolerance("eager")
+    frames = stream_frames([2], 1, ctx)
+    rows = stream_check(decoder, run, ["stateful", "windowed"], [2], ctx, frames, 5, gate)
+    assert [(r.name, r.reference, r.tolerance, r.diff.numel) for r in rows] == [
+        ("stateful", "offline decode", gate, frames * hop),
+        ("windowed", "eager windowed stream", gate, frames * hop),
+        ("windowed-start", f"offline decode, first {ctx} frames", gate, ctx * hop),
+        ("windowed-steady", f"offline decode after {ctx} frames", tolerance("windowed_steady_exact"), (frames - ctx) * hop),
+    ]
+    assert all(r.passed for r in rows), [r.describe() for r in rows]
+    short = stream_check(decoder, run, ["windowed"], [2], ctx, ctx, 5, gate)
+    assert [r.name for r in short] == ["windowed", "windowed-start"]
+    bad = stream_check(decoder, _off_by_1e3_when_stateful(run), ["stateful", "windowed"], [2], ctx, frames, 5, gate)
+    assert [r.name for r in bad if not r.passed] == ["stateful"]
+    assert bad[0].describe().startswith("stateful vs offline decode: max_abs=0.001 at (0, ")
+    assert bad[0].describe().endswith(f"(tolerance max_abs<={gate.max_abs:g}, SNR>={gate.min_snr_db:g} dB)")
+
+
+def test_stream_result_records_each_step_and_its_time(decoder):
+    res = stream_stateful(_eager_both(decoder, 2, 0).run, initial_state(decoder), _codes(decoder, 5, 2),
+                          decoder.config.hop, [2])
+    assert res.steps == schedule(5, [2]) and len(res.steps) == 3
+    assert len(res.seconds) == 3 and all(s > 0 for s in res.seconds)
+
+
 @pytest.mark.parametrize("flow", ["torch_export", "executorch_xnnpack", "executorch_portable"])
 def test_exported_windowed_stream_passes_stream_check(decoder, programs, ramp, context, flow, pytestconfig):
     """The production stream check on every artifact flow: vs the eager windowed stream, and the
@@ -199,7 +283,7 @@ STREAM_MISUSE = [  # (id, what the caller does, message)
     ("float-codes", lambda d, c: d.push(c.float()), "int64"),
     ("wrong-q", lambda d, c: (d.push(c), d.push(c[:, 1:])), "quantizers"),
     ("push-after-finish", lambda d, c: (d.push(c), d.finish(), d.push(c)), "finished"),
-    ("empty-stream", lambda d, c: d.finish(), "at least 1 frame"),
+    ("empty-stream", lambda d, c: d.finish(), "^a stream needs at least 1 frame, got 0$"),
 ]
 
 

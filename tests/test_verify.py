@@ -10,6 +10,8 @@ from c2w_export.program.tolerances import tolerance
 from c2w_export.ship.verify import EXIT_OK, EXIT_PARITY, verify
 from helpers import built_once, cases, manifest_edit
 
+pytestmark = pytest.mark.mutation_first("c2w_export.ship.verify.x_verify__*")
+
 FRAMES = 26 + 2 + 2 + 5  # stream_frames(ramp [2], 5, context 26): context, the ramp, one repeat, a partial chunk
 
 
