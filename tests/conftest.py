@@ -45,6 +45,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_real)
         if item.get_closest_marker("bench") and not config.getoption("--bench"):
             item.add_marker(skip_bench)
+    for item in items:  # under xdist --dist loadgroup: each flow's tests on one worker, so it lowers them once
+        flows = [v for v in getattr(getattr(item, "callspec", None), "params", {}).values()
+                 if isinstance(v, str) and v in ALL_FLOWS]
+        if flows:
+            item.add_marker(pytest.mark.xdist_group(flows[0]))
     budget = os.environ.get("C2W_MUTATION_BUDGET_S")
     if budget and Path("mutmut-stats.json").exists() and not config.option.collectonly:  # mutmut lists tests with --collect-only
         fastest_first(config, items, float(budget))
@@ -173,6 +178,7 @@ ROWS: list[dict] = []  # numerics rows of this session (helpers.numerics_row)
 REPORTS = Path(__file__).resolve().parents[1] / "reports"
 ROW_MODULES = ("test_parity.py", "test_streaming.py", "test_golden.py")  # the tests that log rows
 DESELECTED: list = []
+WORKERS: list[dict] = []  # under xdist, what each worker ran: {"deselected": n, "files": [...]}
 
 
 @pytest.fixture(scope="session")
@@ -197,20 +203,40 @@ def partial_reason(session, exitstatus) -> str | None:
         return "-k / -m filtered the tests"
     if opt.maxfail:
         return "-x / --maxfail"
-    if DESELECTED or getattr(opt, "lf", False) or getattr(opt, "failedfirst", False):
+    if DESELECTED or any(w["deselected"] for w in WORKERS) or getattr(opt, "lf", False) or getattr(opt, "failedfirst", False):
         return "tests were deselected"
     defaults = {"--backends": ",".join(ALL_FLOWS), "--ramp": "1,2,4,8,16,25", "--context": 72, "--model": None, "--preset": "tiny"}
     changed = [k for k, v in defaults.items() if get(k) != v]
     if changed:
         return f"non-default {', '.join(changed)}"
-    files = {Path(str(i.fspath)).name for i in session.items}
+    files = {Path(str(i.fspath)).name for i in session.items}.union(*(w["files"] for w in WORKERS))
     missing = [m for m in ROW_MODULES if m not in files] if not real else []
     if missing:
         return f"only part of the suite ran (not {', '.join(missing)})"
     return None
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist controller: gather a finished worker's numerics rows and what it ran."""
+    import json
+
+    out = json.loads(getattr(node, "workeroutput", {}).get("c2w", "null") or "null")
+    if out is None:  # a worker that crashed sent nothing: the run is partial
+        WORKERS.append({"deselected": 1, "files": []})
+        return
+    ROWS.extend(out["rows"])
+    WORKERS.append({"deselected": out["deselected"], "files": out["files"]})
+
+
 def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller writes the reports
+        import json
+
+        session.config.workeroutput["c2w"] = json.dumps({
+            "rows": ROWS, "deselected": len(DESELECTED),
+            "files": sorted({Path(str(i.fspath)).name for i in session.items})})
+        return
     if not ROWS or not hasattr(session.config.option, "markexpr"):
         return
     from c2w_export.report import parity as pr
