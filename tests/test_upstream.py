@@ -93,3 +93,25 @@ def test_stress_checkpoint_matches_upstream(stress_decoder, pattern):
     with torch.no_grad():
         d = compare(stress_decoder(c)[:, 0], oracle.offline(c))
     assert d.within(tolerance("stress")), f"{pattern}: {d.describe()}"
+
+
+@pytest.mark.real
+def test_real_xnnpack_stateful_stream_vs_upstream(real_model_dir, context, tmp_path):
+    """Real size in CI (tox -e reference): one stateful XNNPACK program (chunk 2) through the
+    production build (every stage gated against eager), then a whole stream through it, its state
+    fed back across the sliding window, against upstream's offline decode."""
+    from c2w_export.program.streaming import stream_stateful
+    from helpers import ProgramCache, initial_state
+
+    decoder = load_decoder(real_model_dir)
+    programs = ProgramCache(decoder, [2], context, tmp_path)
+    (result,) = programs.get("executorch_xnnpack", "stateful")[0].values()
+    print(f"real XNNPACK {result.spec.method} vs eager: {result.diff.describe()}")
+    assert result.passed, result.failure()
+    frames = decoder.config.sliding_window + 5
+    codes = _codes(decoder.config, "uniform", frames, 11)
+    got = stream_stateful(programs.runner("executorch_xnnpack", "stateful").run, initial_state(decoder), codes,
+                          decoder.config.hop, [2]).wav
+    d = compare(got, Oracle(decoder).offline(codes))
+    print(f"real XNNPACK stateful stream ({frames} frames) vs upstream: {d.describe()}")
+    assert d.within(tolerance("stateful_stream")), d.describe()
