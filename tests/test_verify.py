@@ -85,6 +85,7 @@ def test_verify_reports_a_looser_recorded_tolerance_and_checks_at_the_table(copy
     assert rep.exit_code == EXIT_PARITY
     (row,) = [r for r in rep.rows if not r.passed]
     assert (row.check, row.target, row.diff, row.tolerance) == ("tolerance", "chunk_2", None, tolerance("torch_export"))
+    assert row.passed is False
     assert row.detail == (f"manifest records a looser tolerance ({text}) than this c2w-export's table; "
                           "checked at the table's")
     assert next(r for r in rep.rows if r.check == "windows" and r.target == "chunk_2").tolerance == tolerance("torch_export")
