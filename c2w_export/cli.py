@@ -60,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true")
     v.add_argument("--windows", type=int, default=3)
 
+    f = sub.add_parser("profile", help="per-op time of ExecuTorch methods from the runtime's ETDump trace")
+    f.add_argument("--artifacts", required=True, type=Path)
+    f.add_argument("--method", nargs="+", default=None, help="default: every method of every .pte")
+    f.add_argument("--runs", type=int, default=5, help="timed calls per method, after one warm-up call")
+    f.add_argument("--json", action="store_true")
+
     g = sub.add_parser("golden", help="check (default) or --update tests/golden (tiny seed 0, plain and stress)")
     g.add_argument("--update", action="store_true")
     g.add_argument("--dir", type=Path, default=None)
@@ -196,6 +202,25 @@ def cmd_verify(a) -> int:
     return report.exit_code
 
 
+def cmd_profile(a) -> int:
+    import json
+
+    from .report.profile import profile_method, profile_table
+    from .ship.artifacts import open_artifacts
+
+    art = open_artifacts(a.artifacts)
+    art.require_files()
+    methods = a.method or [p["method"] for p in art.manifest["programs"] if p["path"].endswith(".pte")]
+    if not methods:
+        raise ValueError(f"{a.artifacts} holds no ExecuTorch .pte program to profile")
+    profiles = {m: profile_method(art, m, runs=a.runs) for m in methods}
+    if a.json:
+        print(json.dumps({m: [r.to_json() for r in rows] for m, rows in profiles.items()}, indent=2))
+    else:
+        print("\n\n".join(profile_table(m, rows) for m, rows in profiles.items()))
+    return EXIT_OK
+
+
 def cmd_golden(a) -> int:
     from .report.golden import check_golden, update_golden
 
@@ -235,7 +260,7 @@ def cmd_demo(a) -> int:
 
 
 COMMANDS = {"synth": cmd_synth, "export": cmd_export, "decode": cmd_decode, "verify": cmd_verify,
-            "golden": cmd_golden, "demo": cmd_demo}
+            "profile": cmd_profile, "golden": cmd_golden, "demo": cmd_demo}
 
 if __name__ == "__main__":
     sys.exit(main())

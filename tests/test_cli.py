@@ -152,6 +152,58 @@ def test_verify_bundle_and_method_rows(et_artifacts, copy_of):
     assert bad.detail.startswith("bundled vectors failed (atol 3e-05, rtol 0.0001): RuntimeError: "), bad.detail
 
 
+def test_profile_counts_what_the_graph_left_outside_the_delegate(et_artifacts):
+    """The runtime's ETDump trace against the export's graph inspection (two independent counts):
+    per method call, each portable kernel runs as often as the graph has that op outside the
+    delegate, and the delegate is called once per partition. The op times add up to no more
+    than the method's total."""
+    from collections import Counter
+
+    from c2w_export.report.profile import profile_method, profile_table
+    from c2w_export.ship.artifacts import open_artifacts
+
+    art = open_artifacts(et_artifacts)
+    for entry in art.manifest["programs"]:
+        rows = profile_method(art, entry["method"], runs=2)
+        portable = Counter()
+        for r in rows:
+            if r.where == "portable":
+                portable[r.op.split(".")[0]] += r.calls
+        graph = entry["graph"]["delegation"]
+        assert dict(portable) == graph["outside"], entry["method"]
+        (calls,) = [r.calls for r in rows if r.op == "DELEGATE_CALL"]
+        assert calls == graph["partitions"]
+        total = next(r.ms for r in rows if r.op == "Method::execute")
+        inside = [r for r in rows if r.where == "xnnpack"]
+        assert inside and any(r.op.startswith("Convolution") for r in inside)
+        assert 0 < sum(r.ms for r in rows if r.where != "runtime") <= 1.05 * total
+        assert profile_table(entry["method"], rows).startswith(f"**{entry['method']}**: {total:.3f} ms per call")
+
+
+PROFILE_ERRORS = [  # (id, artifacts fixture, extra args, message)
+    ("unknown-method", "et_artifacts", ["--method", "chunk_9"], "no method 'chunk_9' in "),
+    ("not-executorch", "artifacts", [], "holds no ExecuTorch .pte program to profile"),
+    ("pt2-method", "artifacts", ["--method", "chunk_2"], "chunk_2 is a torch_export program (code2wav_chunk_2.pt2): "
+                                                         "only ExecuTorch .pte programs carry an ETDump profile"),
+    ("zero-runs", "et_artifacts", ["--runs", "0"], "profile needs runs >= 1"),
+]
+
+
+@pytest.mark.parametrize("fixture,extra,message", cases(PROFILE_ERRORS))
+def test_profile_refuses_by_name(request, fixture, extra, message):
+    rc, so, se = c2w("profile", "--artifacts", request.getfixturevalue(fixture), *extra)
+    assert rc == 2 and message in se and "Traceback" not in se, se
+
+
+def test_profile_cli_json(et_artifacts):
+    import json
+
+    rc, so, se = c2w("profile", "--artifacts", et_artifacts, "--method", "stateful_chunk_2", "--runs", "1", "--json")
+    assert rc == 0, se
+    rows = json.loads(so)["stateful_chunk_2"]
+    assert {r["where"] for r in rows} == {"xnnpack", "portable", "runtime"}
+
+
 def test_multi_method_file_holds_every_method(et_artifacts):
     from executorch.runtime import Runtime
 

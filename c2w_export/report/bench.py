@@ -101,6 +101,18 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
         lines.append(f"| {r['flow']} | {r['variant']} | {r['chunk']} | {r['base_kb'] / 1024:.0f} | {r['load_kb'] / 1024:.0f} | "
                      f"{r['run_kb'] / 1024:.0f} | {_fmt(r.get('load_s') and r['load_s'] * 1e3, '.1f')} | "
                      f"{_fmt(r.get('first_call_s') and r['first_call_s'] * 1e3, '.1f')} |")
+    lines += ["", "## Where the time goes (ETDump, per method call)", "",
+              "From the runtime's own trace (`c2w-export profile` prints the full table for shipped artifacts): the "
+              "method's total, the time inside the delegate and in portable kernels outside it (op calls in "
+              "brackets), and the slowest ops. One warm-up call is left out.", "",
+              "| flow | variant | chunk | total ms | in delegate ms | portable ms | slowest ops (ms) |",
+              "|---|---|---|---|---|---|---|"]
+    for r in sorted(extra.get("profiles", []), key=lambda r: (r["flow"], r["variant"], r["chunk"])):
+        where = {w: f"{ms:.3g} ({r['calls_by_where'][w]})" for w, ms in r["ms_by_where"].items()}
+        inside = next((v for w, v in where.items() if w != "portable"), "-")
+        slowest = "; ".join(f"{o['where']} {o['op']} x{o['calls']} {o['ms']:.3g}" for o in r["slowest"])
+        lines.append(f"| {r['flow']} | {r['variant']} | {r['chunk']} | {r['total_ms']:.3g} | {inside} | "
+                     f"{where.get('portable', '-')} | {slowest} |")
     lines += ["", "## Windowed context study (eager windowed stream vs offline)", "",
               "Start: the first `context` frames, decoded by windows short of history (their pad marked absent: "
               "exact by construction). Steady: after the first 144 frames (every context's full windows).", "",

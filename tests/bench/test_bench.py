@@ -48,6 +48,21 @@ def test_call_latency(benchmark, programs, flow_name, variant, chunk, decoder, b
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+def test_op_profile(programs, flow_name, variant, ramp, bench_extra):
+    """Where each ExecuTorch method's time goes, from the runtime's ETDump trace (per op, inside
+    and outside the delegate). Not a pytest-benchmark timing: ETDump's event timer is the clock."""
+    from c2w_export.report.profile import profile_pte, shares
+
+    if not flow_name.startswith("executorch"):
+        pytest.skip("ETDump profiles ExecuTorch programs only")
+    results, _ = programs.get(flow_name, variant)
+    for chunk in ramp:
+        r = results[method_name(variant, chunk)]
+        rows = profile_pte(r.path, r.spec.method, list(example_inputs(r.module)), flow_name.removeprefix("executorch_"))
+        bench_extra["profiles"].append({"flow": flow_name, "variant": variant, "chunk": chunk, **shares(rows)})
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_stream_rtf(benchmark, programs, flow_name, variant, ramp, context, decoder, bench_extra):
     """A 20 s stream under the ramp schedule: real-time factor and first-audio latency."""
     cfg = decoder.config
