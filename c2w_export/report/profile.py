@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..program.flows import native_quiet
 from ..ship.artifacts import ArtifactError, Artifacts
 
 RUNTIME_EVENTS = ("Method::execute", "DELEGATE_CALL")
@@ -84,9 +85,10 @@ def profile_pte(pte: Path, method: str, inputs: list[torch.Tensor], delegate: st
     from executorch.devtools import Inspector
     from executorch.extension.pybindings import portable_lib
 
-    module = portable_lib._load_for_executorch(str(pte), enable_etdump=True, debug_buffer_size=0)
-    for _ in range(warmup + runs):
-        module.run_method(method, inputs)
+    with native_quiet():  # the runtime's cpuinfo lines on first use (the CLI keeps them off stderr)
+        module = portable_lib._load_for_executorch(str(pte), enable_etdump=True, debug_buffer_size=0)
+        for _ in range(warmup + runs):
+            module.run_method(method, inputs)
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / f"{method}.etdp"
         module.write_etdump_result_to_file(str(trace))
