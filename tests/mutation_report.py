@@ -69,7 +69,8 @@ def changed_lines(name: str, src: str) -> str:
 UNCHECKED = ("not checked", "check was interrupted by user")
 
 
-def render(results: dict[str, tuple[str, str]], verdicts: dict[str, dict], minutes: float | None) -> str:
+def render(results: dict[str, tuple[str, str]], verdicts: dict[str, dict], minutes: float | None,
+           note: str = "") -> str:
     import mutmut
 
     by_file: dict[str, Counter] = {}
@@ -102,6 +103,7 @@ def render(results: dict[str, tuple[str, str]], verdicts: dict[str, dict], minut
         f"{cpu_name()}, Python {platform.python_version()}"
         + (f", {minutes:.0f} min." if minutes else "."),
         "",
+        *([note, ""] if note else []),
         "Tests: the eager tier of the default suite (`--backends eager`, every test file except the benchmarks",
         "and the real-size ones), with the CLI and `verify` tests on a checkpoint and artifacts built once by the",
         "unmutated code (`C2W_ARTIFACT_CACHE`). Each mutant runs its covering tests fastest first within a",
@@ -134,6 +136,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--minutes", type=float, default=None, help="wall time of the run, for the header")
+    ap.add_argument("--note", default="", help="how the run was made (e.g. several invocations), printed under the header")
     ap.add_argument("--allow-partial", action="store_true",
                     help="write a run with unchecked mutants anyway, marked PARTIAL (never to reports/mutation.md)")
     a = ap.parse_args(argv)
@@ -149,7 +152,7 @@ def main(argv=None) -> int:
         print(f"mutation report: {len(unchecked)} mutant(s) not checked (partial run); {a.out} not rewritten",
               file=sys.stderr)
         return 2
-    text = render(results, load_verdicts(), a.minutes)
+    text = render(results, load_verdicts(), a.minutes, a.note)
     a.out.write_text(text)
     print(next(ln for ln in text.splitlines() if ln.startswith("**Score")))
     return 0
