@@ -198,7 +198,6 @@ def _weight_bytes(decoder) -> int:
     return sum(t.numel() * t.element_size() for t in prepare(decoder).state_dict().values())
 
 
-@pytest.mark.xdist_group("executorch_xnnpack")  # it reads the session's XNNPACK program
 def test_multi_method_pte_shares_weights(programs, decoder, ramp, context, pytestconfig, tmp_path):
     """One .pte holding every ramp chunk as a method carries the weights once.
 
