@@ -47,7 +47,7 @@ def test_compare_nan_never_passes_and_says_so():
     got = torch.zeros(4)
     got[2] = float("nan")
     d = compare(got, torch.ones(4))
-    assert d.index == (2,) and not d.within(Tolerance(math.inf, -math.inf, "anything"))
+    assert d.index == (2,) and d.numel == 4 and not d.within(Tolerance(math.inf, -math.inf, "anything"))
     assert "SNR=-inf dB" in d.describe()
 
 
@@ -55,6 +55,9 @@ DESCRIBE = [  # (id, actual, reference, describe())
     ("equal", [1.0, 2.0], [1.0, 2.0], "max_abs=0 at (0,), SNR=inf dB, mean_abs=0"),
     ("finite", [1.0, 2.5], [1.0, 2.0], "max_abs=0.5 at (1,), SNR=13.0 dB, mean_abs=0.25"),
     ("silent-reference", [0.0, 1.0], [0.0, 0.0], "max_abs=1 at (1,), SNR=-inf dB, mean_abs=0.5"),
+    ("quiet-reference", [0.6], [0.5], "max_abs=0.1 at (0,), SNR=14.0 dB, mean_abs=0.1"),
+    ("beyond-float32-squares", [3e20], [1e20], "max_abs=2e+20 at (0,), SNR=-6.0 dB, mean_abs=2e+20"),
+    ("empty", [], [], "max_abs=0 at (), SNR=inf dB, mean_abs=0"),
 ]
 
 

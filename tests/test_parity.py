@@ -12,12 +12,12 @@ from hypothesis import given, settings, strategies as st
 
 from c2w_export.model.validate import InputError
 from c2w_export.program.compare import compare
-from c2w_export.program.flows import FLOWS, ModuleLoaded, Loaded
+from c2w_export.program.flows import FLOWS, FlowError, ModuleLoaded, Loaded
 from c2w_export.program.pipeline import build
-from c2w_export.program.runner import Runner
+from c2w_export.program.runner import Dispatch, Runner
 from c2w_export.program.tolerances import PERTURBATION, tolerance
-from c2w_export.program.variants import Windowed, make_variant, method_name
-from helpers import cases, code_windows, codes, numerics_row, require_flow
+from c2w_export.program.variants import Stateful, Windowed, make_variant, method_name
+from helpers import cases, code_windows, codes, initial_state, numerics_row, require_flow
 
 
 @pytest.fixture(scope="session")
@@ -160,7 +160,7 @@ BAD_INPUT = [  # (id, (codes, history) -> bad inputs, message)
     ("wrong-q", lambda c, h: (c[:, 1:], h), "Q=16"),
     ("out-of-range", lambda c, h: (c.index_fill(2, torch.tensor([5]), 2048), h), "found 2048 at index"),
     ("negative", lambda c, h: (c.index_fill(2, torch.tensor([0]), -3), h), "found -3"),
-    ("no-history", lambda c, h: (c,), "takes 2 inputs"),
+    ("no-history", lambda c, h: (c,), r"^chunk_2 takes 2 inputs \(codes, history\), got 1$"),
     ("history-too-long", lambda c, h: (c, h + 1), "must be 0..72"),
     ("history-negative", lambda c, h: (c, h - 73), "history.*non-negative"),
     ("history-float", lambda c, h: (c, h.float()), "history"),
@@ -178,6 +178,53 @@ def test_runner_rejects_bad_input_before_runtime(decoder, make, message):
     with pytest.raises(InputError, match=message):
         runner.run("chunk_2", make(c, h))
     assert spy.calls == 1, "bad input reached the runtime"
+
+
+class _Broken(Spy):
+    def __init__(self, out):
+        super().__init__()
+        self.out = out
+
+    def run(self, method, inputs):
+        if isinstance(self.out, Exception):
+            raise self.out
+        return self.out
+
+
+RUNNER_ERRORS = [  # (id, what goes wrong, error type, exact message)
+    ("unknown-method", lambda d, r: r.run("chunk_9", ()), InputError,
+     "unknown method 'chunk_9'; this program has ['chunk_2']"),
+    ("dispatch-unknown", lambda d, r: Dispatch({"chunk_2": r}).run("chunk_9", ()), FlowError,
+     "no program for method 'chunk_9'; have ['chunk_2']"),
+    ("absent-method", lambda d, r: Runner("spy", Spy(), {"chunk_4": Windowed(d, 4, 72).spec()}, 2048), FlowError,
+     "spy: program has no method(s) ['chunk_4']; it has ['chunk_2']"),
+    ("runtime-raises", lambda d, r: Runner("spy", _Broken(RuntimeError("boom")), r.specs, 2048).run("chunk_2", _good(d)),
+     FlowError, "spy: method chunk_2 failed in its runtime: RuntimeError: boom"),
+    ("wrong-output-count", lambda d, r: Runner("spy", _Broken((torch.zeros(1),) * 2), r.specs, 2048).run("chunk_2", _good(d)),
+     FlowError, "spy: method chunk_2 returned 2 outputs, its spec says 1"),
+]
+
+
+def _good(decoder):
+    return codes(decoder, 74, 0), _history(72)
+
+
+@pytest.mark.parametrize("fails,error,message", cases(RUNNER_ERRORS))
+def test_runner_errors_name_the_method_and_the_program(decoder, fails, error, message):
+    runner = Runner("spy", Spy(), {"chunk_2": Windowed(decoder, 2, 72).spec()}, decoder.config.codebook_size)
+    with pytest.raises(error) as e:
+        fails(decoder, runner)
+    assert str(e.value) == message
+
+
+def test_runner_names_the_bad_state_tensor(decoder):
+    spec = Stateful(decoder, 2).spec()
+    runner = Runner("spy", type("S", (Spy,), {"__init__": lambda self: setattr(self, "methods", [spec.method])})(),
+                    {spec.method: spec}, decoder.config.codebook_size)
+    state = list(initial_state(decoder))
+    state[1] = state[1].double()
+    with pytest.raises(InputError, match=rf"^state '{spec.inputs[2].name}' must be float32, got float64$"):
+        runner.check(spec.method, (codes(decoder, 2, 0), *state))
 
 
 def test_loaded_program_rejects_bad_input(programs, flow_name, ramp, decoder, context):

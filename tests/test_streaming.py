@@ -230,7 +230,7 @@ def test_stream_result_records_each_step_and_its_time(decoder):
     res = stream_stateful(_eager_both(decoder, 2, 0).run, initial_state(decoder), _codes(decoder, 5, 2),
                           decoder.config.hop, [2])
     assert res.steps == schedule(5, [2]) and len(res.steps) == 3
-    assert len(res.seconds) == 3 and all(s > 0 for s in res.seconds)
+    assert len(res.seconds) == 3 and all(0 < s < 60 for s in res.seconds)
 
 
 @pytest.mark.parametrize("flow", ["torch_export", "executorch_xnnpack", "executorch_portable"])
@@ -279,10 +279,13 @@ def test_stream_decoder_irregular_arrivals(decoder, programs, incremental_flow, 
     assert d.within(gate), f"{incremental_flow} {variant} T={total} arrivals={sizes}: {d.describe()}"
 
 
-STREAM_MISUSE = [  # (id, what the caller does, message)
-    ("float-codes", lambda d, c: d.push(c.float()), "int64"),
-    ("wrong-q", lambda d, c: (d.push(c), d.push(c[:, 1:])), "quantizers"),
-    ("push-after-finish", lambda d, c: (d.push(c), d.finish(), d.push(c)), "finished"),
+STREAM_MISUSE = [  # (id, what the caller does, the whole message)
+    ("float-codes", lambda d, c: d.push(c.float()), r"^pushed codes must be int64 \[1, Q, n\], got torch.float32 \[1, 16, 3\]$"),
+    ("not-a-tensor", lambda d, c: d.push([[1]]), r"^pushed codes must be int64 \[1, Q, n\], got list \[\]$"),
+    ("2d-codes", lambda d, c: d.push(c[0, :1]), r"^pushed codes must be int64 \[1, Q, n\], got torch.int64 \[1, 3\]$"),
+    ("batch-2", lambda d, c: d.push(c.repeat(2, 1, 1)), r"^pushed codes must be int64 \[1, Q, n\], got torch.int64 \[2, 16, 3\]$"),
+    ("wrong-q", lambda d, c: (d.push(c[:, :, :1]), d.push(c[:, 1:])), "^pushed codes have 15 quantizers, the stream has 16$"),
+    ("push-after-finish", lambda d, c: (d.push(c), d.finish(), d.push(c)), "^this stream is finished; start a new StreamDecoder$"),
     ("empty-stream", lambda d, c: d.finish(), "^a stream needs at least 1 frame, got 0$"),
 ]
 
@@ -292,6 +295,30 @@ def test_stream_decoder_rejects_misuse(decoder, eager_windowed, ramp, context, m
     dec = StreamDecoder(eager_windowed, "windowed", decoder.config.hop, ramp, context)
     with pytest.raises(InputError, match=message):
         misuse(dec, _codes(decoder, 3, 0))
+
+
+DECODER_MISUSE = [  # (id, StreamDecoder arguments after run, the whole message)
+    ("unknown-variant", ("stateless", 1920), r"^unknown variant 'stateless'; choose from \('windowed', 'stateful'\)$"),
+    ("stateful-without-state", ("stateful", 1920), "^a stateful stream needs its initial state$"),
+]
+
+
+@pytest.mark.parametrize("args,message", cases(DECODER_MISUSE))
+def test_stream_decoder_refuses_bad_set_up(eager_windowed, args, message):
+    with pytest.raises(ValueError, match=message):
+        StreamDecoder(eager_windowed, *args)
+
+
+def test_stream_decoder_decodes_a_chunk_as_soon_as_it_is_whole_and_checks_each_push(decoder):
+    """Pushing exactly one chunk's frames decodes it at once (nothing waits for more), and the
+    `check` callback sees every pushed tensor."""
+    seen = []
+    dec = StreamDecoder(_eager_both(decoder, 2, 0).run, "stateful", decoder.config.hop, [2],
+                        state=initial_state(decoder), check=seen.append)
+    c = _codes(decoder, 3, 4)
+    assert len(dec.push(c[:, :, :2])) == 1 and dec.decoded_frames == 2
+    assert dec.push(c[:, :, 2:]) == [] and len(dec.finish()) == 1
+    assert [x.shape[-1] for x in seen] == [2, 1] and torch.equal(seen[0], c[:, :, :2])
 
 
 # ---------------------------------------------------------------- state robustness
