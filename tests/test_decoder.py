@@ -106,3 +106,19 @@ def test_offline_equals_one_step_from_the_zero_state(decoder, t, seed):
     d = compare(offline, stepped)
     assert d.within(tolerance("eager_resized")), d.describe()
     assert set(new) == {n for n, _, _ in decoder.state_spec()}
+
+
+@pytest.mark.parametrize("bias_shape", ["flat", "folded"])
+def test_causal_conv_transpose_offline_is_torchs_conv_trimmed(bias_shape):
+    """Offline (no carry), our causal transposed conv is torch's own transposed conv with its bias,
+    the last K-S samples trimmed; the bias may come as [Cout] or folded as [1, Cout, 1] (prepare)."""
+    import torch.nn.functional as F
+
+    from c2w_export.model.layers import causal_conv_transpose1d
+
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(1, 3, 5, generator=g), torch.randn(3, 2, 8, generator=g), torch.randn(2, generator=g)
+    y, carry = causal_conv_transpose1d(x, None, w, b if bias_shape == "flat" else b[None, :, None], 4)
+    full = F.conv_transpose1d(x, w, b, stride=4)
+    assert torch.allclose(y, full[..., :20], atol=1e-6) and y.shape == (1, 2, 20)
+    assert torch.allclose(carry, full[..., 20:] - b[None, :, None], atol=1e-6)  # the tail, bias taken out
