@@ -199,3 +199,19 @@ def test_preload_loads_each_program_once_with_its_own_methods():
 def test_preload_failure_names_the_flow_and_the_cause():
     with pytest.raises(FlowError, match=r"executorch_xnnpack: loading methods failed: RuntimeError: no memory"):
         _dispatch(_Lazy(["chunk_2"], fail=True)).preload()
+
+
+FLOW_GROUPS = [  # (id, node id, the xdist work unit it joins)
+    ("flow-param", "tests/test_parity.py::test_drawn_windows[executorch_xnnpack-chunk4]", "executorch_xnnpack"),
+    ("flow-last", "tests/test_streaming.py::test_windowed_stream_vs_upstream[T7-executorch_portable]", "executorch_portable"),
+    ("named-test", "tests/test_parity.py::test_multi_method_pte_shares_weights", "executorch_xnnpack"),
+    ("no-flow", "tests/test_gate.py::test_describe_by_hand[equal]", "tests/test_gate.py::test_describe_by_hand[equal]"),
+]
+
+
+@pytest.mark.parametrize("nodeid,group", cases(FLOW_GROUPS))
+def test_xdist_groups_each_flow_on_one_worker(nodeid, group):
+    """tox -e parity's scheduler: a test joins its flow's work unit (lowered once, on one worker)."""
+    from conftest import flow_group
+
+    assert flow_group(nodeid) == group
