@@ -219,8 +219,9 @@ def test_runner_errors_name_the_method_and_the_program(decoder, fails, error, me
 
 def test_runner_names_the_bad_state_tensor(decoder):
     spec = Stateful(decoder, 2).spec()
-    runner = Runner("spy", type("S", (Spy,), {"__init__": lambda self: setattr(self, "methods", [spec.method])})(),
-                    {spec.method: spec}, decoder.config.codebook_size)
+    spy = Spy()
+    spy.methods = [spec.method]
+    runner = Runner("spy", spy, {spec.method: spec}, decoder.config.codebook_size)
     state = list(initial_state(decoder))
     state[1] = state[1].double()
     with pytest.raises(InputError, match=rf"^state '{spec.inputs[2].name}' must be float32, got float64$"):

@@ -36,19 +36,14 @@ class OpTime:
 
 
 def example_inputs(art: Artifacts, method: str, seed: int = 0) -> list[torch.Tensor]:
-    """Inputs of `method` from its manifest spec: seeded codes, a full history (windowed), and
-    the start state at position 0 (stateful)."""
+    """Inputs of `method` from its manifest spec: seeded codes, then a full history (windowed) or
+    the manifest's start state (stateful)."""
     spec = art.specs[method]
     g = torch.Generator().manual_seed(seed)
-    out = []
-    for s in spec.inputs:
-        if s.name == "codes":
-            out.append(torch.randint(0, art.decode["codebook_size"], s.shape, generator=g))
-        elif s.name == "history":
-            out.append(torch.full(s.shape, spec.context, dtype=torch.int64))
-        else:  # pos and every state tensor start at zero
-            out.append(torch.zeros(s.shape, dtype=s.torch_dtype))
-    return out
+    codes = torch.randint(0, art.decode["codebook_size"], spec.inputs[0].shape, generator=g)
+    if spec.variant == "stateful":
+        return [codes, *art.initial_state()]
+    return [codes, torch.full(spec.inputs[1].shape, spec.context, dtype=torch.int64)]  # every history frame real
 
 
 def summarize(event_blocks, delegate: str, warmup: int) -> list[OpTime]:
@@ -119,14 +114,13 @@ def shares(rows: list[OpTime], top: int = 5) -> dict:
 
 
 def profile_table(method: str, rows: list[OpTime], top: int = 12) -> str:
-    """Markdown: the method total, the delegate and portable shares, then the `top` slowest ops."""
-    total = next((r.ms for r in rows if r.op == "Method::execute"), 0.0)
-    ops = [r for r in rows if r.where != "runtime"]
+    """Markdown: the method total, the time per place (shares), then the `top` slowest ops."""
+    summary = shares(rows, top)
+    total, ops = summary["total_ms"], [r for r in rows if r.where != "runtime"]
     lines = [f"**{method}**: {total:.3f} ms per call"]
-    for where in sorted({r.where for r in ops}):
-        part = [r for r in ops if r.where == where]
-        share = f" ({100 * sum(r.ms for r in part) / total:.0f}%)" if total else ""
-        lines.append(f"- {where}: {sum(r.calls for r in part)} op call(s), {sum(r.ms for r in part):.3f} ms{share}")
+    for where, ms in summary["ms_by_where"].items():
+        share = f" ({100 * ms / total:.0f}%)" if total else ""
+        lines.append(f"- {where}: {summary['calls_by_where'][where]} op call(s), {ms:.3f} ms{share}")
     lines += ["", "| where | op | calls | ms per method call |", "|---|---|---|---|"]
     lines += [f"| {r.where} | {r.op} | {r.calls} | {r.ms:.3f} |" for r in ops[:top]]
     if len(ops) > top:
