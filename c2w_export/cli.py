@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from .model.synth import STRESS
+from .program.precision import FP32, PRECISIONS
 from .program.streaming import DEFAULT_CONTEXT, DEFAULT_RAMP
 from .ship.verify import EXIT_OK, EXIT_PARITY
 
@@ -40,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--multi-method", action="store_true", help="one .pte holding every chunk size as a method")
     e.add_argument("--bundle", action="store_true", help="also write BundledProgram (.bpte) test vectors")
     e.add_argument("--windows", type=int, default=3, help="code windows checked per program")
+    e.add_argument("--precision", choices=sorted(PRECISIONS), default=FP32,
+                   help="fp16: float16 weights and activations; int8*: static int8 of the named parts "
+                        "(program/precision.py). I/O and state stay float32. Each is gated against its own eager "
+                        "reference at that precision and against the fp32 decoder at the precision's quality floor")
 
     d = sub.add_parser("decode", help="stream codes through shipped artifacts into a 24 kHz WAV")
     d.add_argument("--artifacts", required=True, type=Path)
@@ -140,7 +145,7 @@ def cmd_export(a) -> int:
 
     export_artifacts(a.model, a.out_dir, ramp=a.ramp, context=a.context, backend=a.backend,
                      partitioner=a.partitioner, variants=_variants(a.variant), multi_method=a.multi_method,
-                     windows=a.windows, bundle=a.bundle, progress=lambda s: print(s, flush=True))
+                     windows=a.windows, bundle=a.bundle, precision=a.precision, progress=lambda s: print(s, flush=True))
     return EXIT_OK
 
 

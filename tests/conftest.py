@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from helpers import ALL_FLOWS, ProgramCache, built_once, selected_flows
+from helpers import ALL_FLOWS, PRECISION_FLOWS, ProgramCache, built_once, selected_flows
 
 settings.register_profile("dev", max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True, print_blob=True,
@@ -57,7 +57,7 @@ def flow_group(nodeid: str) -> str:
     """The xdist work unit of a test: the flow in its parameter ids (so each flow's programs are
     lowered on one worker, once), else the test alone."""
     name, _, ids = nodeid.partition("[")
-    flows = [t for t in ids.rstrip("]").split("-") if t in ALL_FLOWS]
+    flows = [t for t in ids.rstrip("]").split("-") if t in ALL_FLOWS or t in PRECISION_FLOWS]
     return flows[0] if flows else SAME_WORKER_AS.get(name.rpartition("::")[2], nodeid)
 
 
@@ -197,7 +197,7 @@ def programs(decoder, ramp, context, tmp_path_factory) -> ProgramCache:
 
 ROWS: list[dict] = []  # numerics rows of this session (helpers.numerics_row)
 REPORTS = Path(__file__).resolve().parents[1] / "reports"
-ROW_MODULES = ("test_parity.py", "test_streaming.py", "test_golden.py")  # the tests that log rows
+ROW_MODULES = ("test_parity.py", "test_streaming.py", "test_golden.py", "test_precision.py")  # the tests that log rows
 DESELECTED: list = []
 WORKERS: list[dict] = []  # under xdist, what each worker ran: {"deselected": n, "files": [...]}
 

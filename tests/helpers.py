@@ -19,6 +19,8 @@ from c2w_export.program.compare import Diff
 from c2w_export.program.variants import initial_state  # noqa: F401 (re-exported for tests)
 
 ALL_FLOWS = ("eager", "torch_export", "executorch_xnnpack", "executorch_portable")
+# reduced-precision programs under test: id -> (flow, precision); each id is an xdist group of its own
+PRECISION_FLOWS = {"xnnpack_fp16": ("executorch_xnnpack", "fp16"), "xnnpack_int8": ("executorch_xnnpack", "int8-tail")}
 
 
 # ---------------------------------------------------------------- data
@@ -100,28 +102,29 @@ class ProgramCache:
         self.gate = gate  # tolerance key for every flow (the stress checkpoint's); default: the flow's
         self._built: dict = {}
 
-    def get(self, flow_name: str, variant: str):
+    def get(self, flow_name: str, variant: str, precision: str = "fp32"):
         """-> ({method: ProgramResult}, {method: Loaded})."""
-        key = (flow_name, variant)
+        key = (flow_name, variant, precision)
         if key not in self._built:
             from c2w_export.program.flows import get_flow
             from c2w_export.program.pipeline import build
+            from c2w_export.program.precision import with_precision
 
-            flow = get_flow(flow_name)
+            flow = with_precision(get_flow(flow_name), precision)
             reason = flow.unavailable()
             if reason:  # a broken backend is a failure, never a silent skip
                 pytest.fail(f"flow {flow_name} unavailable: {reason}")
             results, loaded = build(self.decoder, flow, [variant], self.ramp, self.context,
-                                    self.root / f"{flow_name}-{variant}", multi_method=True, windows=3,
+                                    self.root / f"{flow_name}-{precision}-{variant}", multi_method=True, windows=3,
                                     progress=lambda s: print(s, flush=True), gate=self.gate)
             self._built[key] = ({r.spec.method: r for r in results}, loaded)
         return self._built[key]
 
-    def runner(self, flow_name: str, variant: str):
+    def runner(self, flow_name: str, variant: str, precision: str = "fp32"):
         """A Dispatch over the (flow, variant) program: run(method, inputs) with input checks."""
         from c2w_export.program.runner import Dispatch, Runner
 
-        results, loaded = self.get(flow_name, variant)
+        results, loaded = self.get(flow_name, variant, precision)
         return Dispatch({m: Runner(flow_name, loaded[m], {m: r.spec}, self.decoder.config.codebook_size)
                          for m, r in results.items()})
 

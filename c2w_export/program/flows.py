@@ -6,6 +6,8 @@ turns the previous stage's artifact into the next one, and `program(artifact)` g
 in a runnable form when it can be compared with the eager reference (else None).
 
     prepare    {method: nn.Module}        -> the same, constants folded    compared (prepare.py)
+    half       {method: nn.Module}        -> the same in float16           compared; the own reference (precision.py)
+    quantize   {method: ExportedProgram}  -> the same, PT2E int8            compared; the own reference (precision.py)
     export     {method: nn.Module}        -> {method: ExportedProgram}     compared
     lower      {method: ExportedProgram}  -> .pte bytes (all methods)      compared (in-memory runtime)
     serialize  .pte bytes or programs     -> {method: file path}           (files: compared once loaded)
@@ -143,6 +145,7 @@ class Work:
 class Stage:
     name: str = ""
     compared: bool = False  # True when `program` gives a runnable artifact to compare with eager
+    own_reference: bool = False  # True: its artifact ({method: module}) is what later stages are compared with
 
     def run(self, artifact: Any, work: Work) -> Any:
         raise NotImplementedError
@@ -150,6 +153,10 @@ class Stage:
     def program(self, artifact: Any) -> Loaded | None:
         """The artifact in a runnable form, to compare with eager; None when it is not comparable."""
         return None
+
+    def references(self, artifact: Any, work: Work) -> dict:
+        """own_reference stages: {method: the eager module later stages are compared with}."""
+        raise NotImplementedError
 
 
 class Prepare(Stage):
@@ -308,8 +315,10 @@ class LoadEager(Stage):
 START = "start"
 NEXT: dict[str, tuple[str, ...]] = {  # stage -> the stages allowed after it
     START: ("prepare", "export", "load"),
-    "prepare": ("export",),
-    "export": ("lower", "serialize"),
+    "prepare": ("export", "half"),
+    "half": ("export",),
+    "export": ("lower", "serialize", "quantize"),
+    "quantize": ("lower", "serialize"),
     "lower": ("serialize",),
     "serialize": ("load",),
     "load": (),
@@ -336,6 +345,7 @@ class Flow:
     # fp32 eager decoder they were exported from; the eager flow *is* that decoder, so it is
     # compared with the fp64 decode (never with itself).
     reference_dtype: torch.dtype = torch.float32
+    precision: str = "fp32"  # precision.PRECISIONS: set by precision.with_precision with its stage
 
     def __post_init__(self) -> None:
         prev = START

@@ -17,14 +17,16 @@ import torch
 from torch import Tensor
 
 from ..model.decoder import Code2Wav
-from .codes import check_history, check_windows
 from .compare import Diff, combine, compare
 from .flows import RUN, Flow, FlowError, Loaded, Work
+from .precision import PRECISIONS
 from .runner import Runner
 from .tolerances import Tolerance, tolerance
-from .variants import MethodSpec, Stateful, Windowed, make_variant
+from .variants import MethodSpec, Stateful, Windowed, make_variant, parity_inputs  # noqa: F401 (parity_inputs: re-exported)
 
 RunFn = Callable[[str, Sequence[Tensor]], tuple[Tensor, ...]]
+QUALITY = "quality"  # reduced precision: the loaded program against the fp32 eager decoder (gate side 2)
+FP32_EAGER = "the fp32 eager decoder"
 
 
 class ParityError(RuntimeError):
@@ -44,30 +46,33 @@ class ProgramResult:
     bytes: int = 0
     nodes: int = 0  # operator nodes of the exported graph (0: not exported)
     delegation: dict = field(default_factory=dict)  # flows.delegation() of the lowered graph (ExecuTorch)
+    precision: str = "fp32"
+    gates: dict[str, Tolerance] = field(default_factory=dict)  # stage -> its gate when not `tolerance`
+    references: dict[str, str] = field(default_factory=dict)  # stage -> what it was compared with
+    own: Windowed | Stateful | None = None  # reduced precision: the own reference module (precision.py)
 
     @property
     def diff(self) -> Diff:
         return self.stages[RUN]
 
     @property
+    def quality(self) -> Diff | None:
+        """Reduced precision: the loaded program against the fp32 eager decoder."""
+        return self.stages.get(QUALITY)
+
+    def gate(self, stage: str) -> Tolerance:
+        return self.gates.get(stage, self.tolerance)
+
+    @property
     def passed(self) -> bool:
-        return all(d.within(self.tolerance) for d in self.stages.values())
+        return all(d.within(self.gate(s)) for s, d in self.stages.items())
 
     def failure(self) -> str:
-        bad = [f"stage '{s}' diverged from the reference: {d.describe()}" for s, d in self.stages.items() if not d.within(self.tolerance)]
-        return (f"{self.flow} {self.spec.method}: " + "; ".join(bad)
-                + f" (tolerance max_abs<={self.tolerance.max_abs:g}, SNR>={self.tolerance.min_snr_db:g} dB)")
-
-
-def parity_inputs(module: Windowed | Stateful, n: int, seed: int) -> list[tuple[Tensor, ...]]:
-    """The inputs of n check calls, without state: n independent (codes, history) windows
-    (windowed; codes.check_history cycles partial, full and no history) or n consecutive (codes,)
-    chunks of one stream (stateful)."""
-    _, q, t = module.input_specs()[0].shape
-    codes = check_windows(q, t, module.decoder.config.codebook_size, n, seed)
-    if isinstance(module, Windowed):
-        return [(c, check_history(module.context, i, seed)) for i, c in enumerate(codes)]
-    return [(c,) for c in codes]
+        bad = [f"stage '{s}' diverged from {self.references.get(s, 'the reference')}: {d.describe()} (tolerance "
+               f"max_abs<={self.gate(s).max_abs:g}, SNR>={self.gate(s).min_snr_db:g} dB)"
+               for s, d in self.stages.items() if not d.within(self.gate(s))]
+        precision = "" if self.precision == "fp32" else f" {self.precision}"
+        return f"{self.flow}{precision} {self.spec.method}: " + "; ".join(bad)
 
 
 def check_method(run: RunFn, reference: Windowed | Stateful, method: str, calls: Sequence[tuple[Tensor, ...]],
@@ -135,6 +140,7 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence
     refs = {m: make_variant(reference, modules[m].variant, modules[m].chunk, context) for m in modules}
     groups = [list(modules)] if multi_method else [[m] for m in modules]
     tol = tolerance(gate or flow.name)
+    dtype = PRECISIONS[flow.precision].key
     results, loaded_by_method = [], {}
     for group in groups:
         t0 = time.perf_counter()
@@ -142,7 +148,10 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence
         inputs = {m: parity_inputs(mods[m], windows, seed) for m in group}
         work = Work(dict(mods), {m: (*inputs[m][0], *mods[m].initial_state()) for m in group}, out_dir,
                     stem if multi_method else f"{stem}_{group[0]}")
-        res = {m: ProgramResult(flow.name, mods[m].spec(), None, tol, windows=windows, module=mods[m]) for m in group}
+        res = {m: ProgramResult(flow.name, mods[m].spec(), None, tol, windows=windows, module=mods[m],
+                                precision=flow.precision) for m in group}
+        # what the stages are compared with, at which gate
+        against, current, name = dict(refs), tol, f"the {str(reference.dtype).removeprefix('torch.')} eager decoder"
         artifact, seconds = mods, {}
         for stage in flow.stages:
             t = time.perf_counter()
@@ -154,15 +163,34 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence
             except Exception as e:
                 raise FlowError(f"{flow.name}: stage '{stage.name}' failed for {group}: {type(e).__name__}: {e}") from e
             seconds[stage.name] = time.perf_counter() - t
+            if stage.own_reference:  # what is lost here is the precision's quality budget (side 2)
+                current = tolerance(QUALITY, dtype)
             if stage.compared:
-                program = stage.program(artifact)
+                try:
+                    program = stage.program(artifact)
+                    for m in group:
+                        res[m].stages[stage.name] = check_method(program.run, against[m], m, inputs[m][:1],
+                                                                 mods[m].initial_state())
+                        res[m].gates[stage.name], res[m].references[stage.name] = current, name
+                except FlowError:
+                    raise
+                except Exception as e:  # e.g. the runtime cannot load what the stage lowered
+                    raise FlowError(f"{flow.name}: stage '{stage.name}' output could not run for {group}: "
+                                    f"{type(e).__name__}: {e}") from e
+            if stage.own_reference:  # later stages: against this artifact, at the flow's gate for the dtype (side 1)
+                against = stage.references(artifact, work)
+                current, name = tolerance(flow.name, dtype), f"its own {flow.precision} eager reference"
                 for m in group:
-                    res[m].stages[stage.name] = check_method(program.run, refs[m], m, inputs[m][:1], mods[m].initial_state())
+                    res[m].own, res[m].tolerance = against[m], current
         loaded = artifact  # the last stage is always load (Flow checks the order)
         runner = Runner(flow.name, loaded, {m: res[m].spec for m in group}, decoder.config.codebook_size)
         for m in group:
             r = res[m]
-            r.stages[RUN] = check_method(runner.run, refs[m], m, inputs[m], mods[m].initial_state())
+            r.stages[RUN] = check_method(runner.run, against[m], m, inputs[m], mods[m].initial_state())
+            r.references[RUN] = name
+            if r.own is not None:
+                r.stages[QUALITY] = check_method(runner.run, refs[m], m, inputs[m], mods[m].initial_state())
+                r.gates[QUALITY], r.references[QUALITY] = tolerance(QUALITY, dtype), FP32_EAGER
             r.path = work.paths.get(m)
             r.bytes = r.path.stat().st_size if r.path else 0
             r.seconds = {s: v / len(group) for s, v in seconds.items()}
@@ -171,11 +199,12 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence
             loaded_by_method[m] = loaded
             results.append(r)
             status = "ok" if r.passed else "OVER TOLERANCE"
+            quality = f", vs fp32 {r.quality.describe()}" if r.quality else ""
             stage_times = ", ".join(f"{s} {v:.1f}s" for s, v in seconds.items() if v >= 0.05)
             graph = f"{r.nodes} graph nodes" + (
                 f" ({r.delegation['partitions']} delegate partitions, {r.delegation['outside_ops']} ops outside)"
                 if r.delegation else "")
             progress(f"[{len(results)}/{len(modules)}] {flow.name} {m} (chunk {r.spec.chunk}): "
                      f"{time.perf_counter() - t0:.1f}s ({stage_times}), {graph}, "
-                     f"{r.bytes / 1e6:.1f} MB, {r.diff.describe()} -> {status}")
+                     f"{r.bytes / 1e6:.1f} MB, {r.diff.describe()}{quality} -> {status}")
     return results, loaded_by_method

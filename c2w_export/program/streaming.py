@@ -250,25 +250,36 @@ def steady_tolerance(decoder: Code2Wav, context: int) -> Tolerance:
 
 
 def stream_check(decoder: Code2Wav, run: RunFn, variants: Sequence[str], ramp: Sequence[int], context: int,
-                 frames: int, seed: int, gate: Tolerance) -> list[StreamCheck]:
+                 frames: int, seed: int, gate: Tolerance, own: RunFn | None = None,
+                 own_gate: Tolerance | None = None, own_name: str = "own reference") -> list[StreamCheck]:
     """A whole stream of `frames` random frames through the programs behind `run`:
 
     - stateful: vs the offline decode, at `gate`;
     - windowed: vs the eager windowed stream (same window builder: catches exporter bugs) at
       `gate`; its start (the first `context` frames, every window short of history) vs the offline
       decode at `gate` (exact by construction); its steady state (after `context` frames) vs the
-      offline decode at `steady_tolerance`. The offline decode shares no window builder."""
+      offline decode at `steady_tolerance`, or at `gate` when that is looser (reduced precision).
+      The offline decode shares no window builder.
+    - with `own` (reduced precision, gate side 1): each variant's stream vs the same stream through
+      the own reference's methods, at `own_gate`; `gate` is then the quality floor (side 2)."""
     cfg = decoder.config
     codes = random_codes(cfg.num_quantizers, frames, cfg.codebook_size, seed)
     with torch.no_grad():
         offline = decoder(codes)[:, 0]
+    steady = min(steady_tolerance(decoder, context), gate, key=lambda t: t.min_snr_db)
     out = []
     for v in variants:
+        def through(r: RunFn) -> Tensor:
+            if v == "stateful":
+                return stream_stateful(r, initial_state(decoder), codes, cfg.hop, ramp).wav
+            return stream_windowed(r, codes, cfg.hop, context, ramp).wav
+
+        got = through(run)
+        if own is not None:
+            out.append(StreamCheck(f"{v}-own", f"{own_name} stream", compare(got, through(own)), own_gate or gate))
         if v == "stateful":
-            got = stream_stateful(run, initial_state(decoder), codes, cfg.hop, ramp).wav
             out.append(StreamCheck("stateful", "offline decode", compare(got, offline), gate))
             continue
-        got = stream_windowed(run, codes, cfg.hop, context, ramp).wav
         eager = ModuleLoaded({method_name("windowed", c): make_variant(decoder, "windowed", c, context) for c in ramp})
         ref = stream_windowed(eager.run, codes, cfg.hop, context, ramp).wav
         out.append(StreamCheck("windowed", "eager windowed stream", compare(got, ref), gate))
@@ -278,5 +289,5 @@ def stream_check(decoder: Code2Wav, run: RunFn, variants: Sequence[str], ramp: S
                                    compare(got[:, :start], offline[:, :start]), gate))
         if frames > context:
             out.append(StreamCheck("windowed-steady", f"offline decode after {context} frames",
-                                   compare(got[:, start:], offline[:, start:]), steady_tolerance(decoder, context)))
+                                   compare(got[:, start:], offline[:, start:]), steady))
     return out

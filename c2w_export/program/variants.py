@@ -8,6 +8,10 @@
 - stateful (method `stateful_chunk_<n>`): (codes int64 [1, Q, chunk], *state) -> (wav float32
   [1, chunk * hop], *new_state). State order and shapes are `Code2Wav.state_spec()`; nothing is
   mutated in place.
+
+The contract's float tensors (wav, state) are in `io_dtype`: the decoder's dtype, at least float32.
+A half-precision decoder (program/precision.py) keeps the float32 contract: it casts the state in
+and the wav and state out, so decode, verify and bundles read every precision the same way.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..model.decoder import Code2Wav
-from .codes import random_codes
+from .codes import check_history, check_windows, random_codes
 
 VARIANTS = ("windowed", "stateful")
 HISTORY = "history"  # the windowed methods' second input: real history frames in the window
@@ -77,10 +81,21 @@ def _dtype_name(d: torch.dtype) -> str:
     return str(d).removeprefix("torch.")
 
 
+def io_dtype(decoder: Code2Wav) -> torch.dtype:
+    """The dtype of the programs' float inputs and outputs: the decoder's, at least float32."""
+    return torch.promote_types(decoder.dtype, torch.float32)
+
+
+def _io(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """A float tensor in `dtype` (int tensors, the position, as they are)."""
+    return t.to(dtype) if t.is_floating_point() else t
+
+
 def initial_state(decoder: Code2Wav) -> tuple[Tensor, ...]:
-    """A stream's start state as the stateful methods take it: tensors in `state_spec()` order."""
+    """A stream's start state as the stateful methods take it: tensors in `state_spec()` order, floats
+    in io_dtype."""
     init = decoder.initial_state()
-    return tuple(init[n] for n, _, _ in decoder.state_spec())
+    return tuple(_io(init[n], io_dtype(decoder)) for n, _, _ in decoder.state_spec())
 
 
 class _Variant(nn.Module):
@@ -99,7 +114,7 @@ class _Variant(nn.Module):
                           tuple(self.input_specs()), tuple(self.output_specs()))
 
     def _wav_spec(self) -> TensorSpec:
-        return TensorSpec("wav", (1, self.chunk * self.decoder.config.hop), _dtype_name(self.decoder.dtype))
+        return TensorSpec("wav", (1, self.chunk * self.decoder.config.hop), _dtype_name(io_dtype(self.decoder)))
 
     def _codes_spec(self) -> TensorSpec:
         return TensorSpec("codes", (1, self.decoder.config.num_quantizers, self.context + self.chunk), "int64")
@@ -112,7 +127,7 @@ class Windowed(_Variant):
 
     def forward(self, codes: Tensor, history: Tensor) -> Tensor:
         wav, _ = self.decoder.step(codes, {}, first=self.context - history)  # no state: the window starts it
-        return wav[:, 0, self.context * self.decoder.config.hop:]
+        return _io(wav[:, 0, self.context * self.decoder.config.hop:], io_dtype(self.decoder))
 
     def input_specs(self) -> list[TensorSpec]:
         return [self._codes_spec(), TensorSpec(HISTORY, (1,), "int64")]
@@ -141,8 +156,9 @@ class Stateful(_Variant):
         self.names = [n for n, _, _ in decoder.state_spec()]
 
     def forward(self, codes: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
-        wav, new = self.decoder.step(codes, dict(zip(self.names, state)))
-        return (wav[:, 0], *(new[n] for n in self.names))
+        dtype, io = self.decoder.dtype, io_dtype(self.decoder)
+        wav, new = self.decoder.step(codes, {n: _io(s, dtype) for n, s in zip(self.names, state)})
+        return (_io(wav[:, 0], io), *(_io(new[n], io) for n in self.names))
 
     def input_specs(self) -> list[TensorSpec]:
         return [self._codes_spec(), *self.state_specs()]
@@ -151,7 +167,8 @@ class Stateful(_Variant):
         return [self._wav_spec(), *self.state_specs()]
 
     def state_specs(self) -> list[TensorSpec]:
-        return [TensorSpec(n, s, _dtype_name(d)) for n, s, d in self.decoder.state_spec()]
+        io = io_dtype(self.decoder)
+        return [TensorSpec(n, s, _dtype_name(io if d.is_floating_point else d)) for n, s, d in self.decoder.state_spec()]
 
     def initial_state(self) -> tuple[Tensor, ...]:
         return initial_state(self.decoder)
@@ -174,3 +191,14 @@ def example_inputs(module: Windowed | Stateful, codes: Tensor | None = None, see
     if isinstance(module, Windowed):
         return (codes, module.full_history())
     return (codes, *module.initial_state())
+
+
+def parity_inputs(module: Windowed | Stateful, n: int, seed: int) -> list[tuple[Tensor, ...]]:
+    """The inputs of n check calls, without state: n independent (codes, history) windows
+    (windowed; codes.check_history cycles partial, full and no history) or n consecutive (codes,)
+    chunks of one stream (stateful)."""
+    _, q, t = module.input_specs()[0].shape
+    codes = check_windows(q, t, module.decoder.config.codebook_size, n, seed)
+    if isinstance(module, Windowed):
+        return [(c, check_history(module.context, i, seed)) for i, c in enumerate(codes)]
+    return [(c,) for c in codes]

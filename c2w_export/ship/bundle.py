@@ -19,14 +19,17 @@ BUNDLE_CASES = 2  # test vectors per method
 BUNDLE_SEED = 4242
 
 
-def bundle_cases(module: Windowed | Stateful) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
-    """(inputs, expected outputs) pairs computed by the eager module; stateful cases chain the state."""
+def bundle_cases(module: Windowed | Stateful, expected: Callable | None = None
+                 ) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    """(inputs, expected outputs) pairs: inputs for `module`'s contract, outputs computed by
+    `expected` (default: the eager `module`; a reduced-precision program's own reference);
+    stateful cases chain the state."""
     cases = []
     state = module.initial_state()
     for c in parity_inputs(module, BUNDLE_CASES, seed=BUNDLE_SEED):
         inputs = [*c, *state]
         with torch.no_grad():
-            out = module(*inputs)
+            out = (expected or module)(*inputs)
         out = list(out) if isinstance(out, tuple) else [out]
         cases.append((inputs, out))
         state = tuple(out[1:])
@@ -35,7 +38,8 @@ def bundle_cases(module: Windowed | Stateful) -> list[tuple[list[torch.Tensor], 
 
 def write_bundles(results: Sequence[ProgramResult], progress: Callable[[str], None], reference: Code2Wav) -> dict[str, dict]:
     """One .bpte next to each .pte file, holding a test suite for each of its methods, with the
-    expected outputs computed by the `reference` (eager) decoder, never by the program itself.
+    expected outputs computed by the `reference` (eager) decoder, or by a reduced-precision program's
+    own eager reference (at that precision), never by the program itself.
     Returns {method: {"path", "sha256", "cases"}}."""
     from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
     from executorch.devtools.bundled_program.core import BundledProgram
@@ -48,7 +52,8 @@ def write_bundles(results: Sequence[ProgramResult], progress: Callable[[str], No
     for pte, rs in by_file.items():
         suites = [MethodTestSuite(method_name=r.spec.method, test_cases=[
             MethodTestCase(inputs=i, expected_outputs=o)
-            for i, o in bundle_cases(make_variant(reference, r.spec.variant, r.spec.chunk, r.spec.context))]) for r in rs]
+            for i, o in bundle_cases(make_variant(reference, r.spec.variant, r.spec.chunk, r.spec.context), r.own)])
+            for r in rs]
         try:
             data = serialize_from_bundled_program_to_flatbuffer(BundledProgram(None, suites, pte_file_path=str(pte)))
         except Exception as e:

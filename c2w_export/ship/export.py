@@ -14,8 +14,10 @@ from typing import Callable, Sequence
 
 from ..model.checkpoint import load_decoder
 from ..model.decoder import Code2Wav
-from ..program.flows import FlowError, flow_for
-from ..program.pipeline import ParityError, build
+from ..program.flows import FlowError, ModuleLoaded, flow_for
+from ..program.pipeline import QUALITY, ParityError, build
+from ..program.precision import FP32, get_precision, with_precision
+from ..program.tolerances import BUNDLE_STATE_RTOL
 from ..program.runner import Dispatch, Runner
 from ..program.streaming import DEFAULT_CONTEXT, DEFAULT_RAMP, check_ramp, stream_check, stream_frames
 from ..program.variants import VARIANTS
@@ -26,22 +28,30 @@ def export_artifacts(model: str, out_dir: Path, *, ramp: Sequence[int] = DEFAULT
                      backend: str = "executorch", partitioner: str | None = "xnnpack",
                      variants: Sequence[str] = ("windowed",), multi_method: bool = False, windows: int = 3,
                      bundle: bool = False, seed: int = 0, decoder: Code2Wav | None = None,
-                     progress: Callable[[str], None] = print) -> dict:
+                     precision: str = FP32, progress: Callable[[str], None] = print) -> dict:
     """Export the checkpoint `model` (or `decoder`, a modified copy of it), check every program and
     whole streams against the checkpoint's eager decoder, and write. Returns the manifest; raises
-    ParityError (nothing written) when a program is over tolerance."""
+    ParityError (nothing written) when a program is over tolerance.
+
+    A reduced `precision` (program/precision.py) is held to both of its gates: every program and
+    stream against its own eager reference at that precision, and against the fp32 decoder at the
+    precision's quality floor."""
     for v in variants:
         if v not in VARIANTS:
             raise ValueError(f"unknown variant {v!r}; choose from {VARIANTS}")
     ramp = check_ramp(ramp)
     if context < 0:
         raise ValueError(f"context must be >= 0, got {context}")
-    flow = flow_for(backend, partitioner)
+    flow = with_precision(flow_for(backend, partitioner), precision)
     reason = flow.unavailable()
     if reason:
         raise FlowError(f"{flow.name} is unavailable: {reason}")
     if bundle and flow.backend != "executorch":
         raise FlowError("--bundle needs the executorch backend (BundledProgram wraps a .pte)")
+    key = get_precision(precision).key
+    if bundle and "stateful" in variants and key not in BUNDLE_STATE_RTOL:
+        raise FlowError(f"--bundle of stateful {precision} programs has no measured state tolerance; bundles are "
+                        f"measured for {sorted(k for k in BUNDLE_STATE_RTOL)}")
     reference = load_decoder(model)
     decoder = decoder if decoder is not None else reference
     cfg = decoder.config
@@ -49,15 +59,20 @@ def export_artifacts(model: str, out_dir: Path, *, ramp: Sequence[int] = DEFAULT
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=".staging-"))
     try:
-        progress(f"exporting {len(variants) * len(ramp)} program(s) with {flow.name}: variants {list(variants)}, "
+        progress(f"exporting {len(variants) * len(ramp)} {precision} program(s) with {flow.name}: variants {list(variants)}, "
                  f"ramp {ramp}, context {context}{', one multi-method file' if multi_method else ''}")
         results, loaded = build(decoder, flow, variants, ramp, context, staging, multi_method=multi_method,
                                 windows=windows, seed=seed, progress=progress, reference=reference)
         runners = {r.spec.method: Runner(flow.name, loaded[r.spec.method], {r.spec.method: r.spec}, cfg.codebook_size)
                    for r in results}
         frames = stream_frames(ramp, 3, context if "windowed" in variants else 0)
-        streams = stream_check(reference, Dispatch(runners).run, variants, ramp, context, frames, seed + 1000,
-                               results[0].tolerance)
+        if precision == FP32:
+            streams = stream_check(reference, Dispatch(runners).run, variants, ramp, context, frames, seed + 1000,
+                                   results[0].tolerance)
+        else:
+            own = ModuleLoaded({r.spec.method: r.own for r in results})
+            streams = stream_check(reference, Dispatch(runners).run, variants, ramp, context, frames, seed + 1000,
+                                   results[0].gate(QUALITY), own.run, results[0].tolerance, f"its own {precision} eager")
         for s in streams:
             progress(f"stream check ({frames} frames) {s.describe()} -> {'ok' if s.passed else 'OVER TOLERANCE'}")
         failures = [r.failure() for r in results if not r.passed]

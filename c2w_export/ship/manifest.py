@@ -14,8 +14,10 @@ from ..env import versions
 from ..fileio import atomic_write_bytes, read_json, sha256_file
 from ..model.decoder import Code2Wav
 from ..program.flows import Flow
-from ..program.pipeline import ProgramResult
+from ..program.pipeline import QUALITY, ProgramResult
+from ..program.precision import FP32, get_precision
 from ..program.streaming import StreamCheck, ramp_reason
+from ..program.tolerances import tolerance
 
 FORMAT_VERSION = 2  # 2: windowed methods take (codes, history); v1's took codes alone
 MANIFEST = "manifest.json"
@@ -85,6 +87,8 @@ def build(decoder: Code2Wav, model: str, flow: Flow, variants: Sequence[str], ra
             "backend": flow.name, "partitioner": flow.partitioner,
             "verified": r.passed,  # export writes a manifest only when every program passed
             "tolerance": r.tolerance.to_json(),
+            **({"quality": {"tolerance": r.gate(QUALITY).to_json(), "max_abs": r.quality.max_abs,
+                            "snr_db": r.quality.to_json()["snr_db"]}} if r.quality else {}),
             "graph": {"nodes": r.nodes, **({"delegation": r.delegation} if r.delegation else {})},
             "parity": {"max_abs": d.max_abs, "snr_db": d.to_json()["snr_db"], "windows": r.windows, "streams": 1,
                        "stream_max_abs": max(s.diff.max_abs for s in streams if s.name.startswith(r.spec.variant)),
@@ -100,9 +104,21 @@ def build(decoder: Code2Wav, model: str, flow: Flow, variants: Sequence[str], ra
                    "context_frames": context, "hop": cfg.hop,
                    "sample_rate": cfg.output_sample_rate, "num_quantizers": cfg.num_quantizers,
                    "codebook_size": cfg.codebook_size},
+        "precision": precision_record(flow.precision),
         "state": [{"name": n, "shape": list(s), "dtype": str(d).removeprefix("torch.")} for n, s, d in decoder.state_spec()],
         "programs": programs,
     }
+
+
+def precision_record(name: str) -> dict:
+    """The manifest's `precision`: its name, what is reduced, and the quality gate it was held to."""
+    p = get_precision(name)
+    return {**p.record(), **({} if name == FP32 else {"quality_gate": tolerance(QUALITY, p.key).to_json()})}
+
+
+def precision_of(manifest: dict) -> str:
+    """The manifest's precision name (fp32 for manifests written before precision was recorded)."""
+    return manifest.get("precision", {}).get("name", FP32)
 
 
 def write(directory: Path, manifest: dict) -> Path:
@@ -126,6 +142,8 @@ def load(directory: Path) -> dict:
         raise ManifestError(f"{path}: unknown format_version {data['format_version']!r}; this c2w-export reads "
                             f"{FORMAT_VERSION}{hint}")
     check_schema(data, SCHEMA, str(path))
+    if "precision" in data:  # optional: manifests before it are fp32
+        check_schema(data["precision"], {"name": str, "key": str}, f"{path}.precision")
     for p in data["programs"]:
         for kind, rel in (("program", p["path"]), ("bundle", (p.get("bundle") or {}).get("path"))):
             if rel is not None and (not isinstance(rel, str) or Path(rel).is_absolute() or ".." in Path(rel).parts):

@@ -14,11 +14,14 @@ from pathlib import Path
 from ..fileio import sha256_file
 from ..model.checkpoint import load_decoder
 from ..program.compare import Diff
-from ..program.pipeline import check_method, parity_inputs
+from ..program.flows import ModuleLoaded
+from ..program.pipeline import QUALITY, check_method, parity_inputs
+from ..program.precision import get_precision, own_references
 from ..program.streaming import stream_check, stream_frames
 from ..program.runner import Dispatch
 from ..program.tolerances import BUNDLE_STATE_RTOL, Tolerance, tolerance
 from ..program.variants import make_variant
+from . import manifest as mf
 from .artifacts import Artifacts, open_artifacts
 
 EXIT_OK, EXIT_PARITY = 0, 1
@@ -78,22 +81,37 @@ def verify(artifacts_dir: str | Path, model: str | None = None, windows: int = 3
     progress(f"loaded {len(art.specs)} method(s) from {artifacts_dir}")
     report.rows += check_method_names(art, programs)
     by_method = {p["method"]: p for p in m["programs"]}
+    precision = get_precision(mf.precision_of(m))
+    reduced = precision.stage is not None
+    quality = tolerance(QUALITY, precision.key) if reduced else None
+    own = own_references(decoder, precision.name, art.specs) if reduced else {}  # rebuilt, never read from disk
     for method, spec in art.specs.items():
         entry = by_method[method]
-        tol = tolerance(entry["backend"])  # the installed table, never the manifest's record
+        tol = tolerance(entry["backend"], precision.key)  # the installed table, never the manifest's record
         recorded = Tolerance(**entry["tolerance"])
         if recorded.max_abs > tol.max_abs or recorded.min_snr_db < tol.min_snr_db:
             report.rows.append(Row("tolerance", method, None, tol, False,
                                    f"manifest records a looser tolerance (max_abs<={recorded.max_abs:g}, SNR>="
                                    f"{recorded.min_snr_db:g} dB) than this c2w-export's table; checked at the table's"))
         module = make_variant(decoder, spec.variant, spec.chunk, spec.context)
-        d = check_method(programs.run, module, method, parity_inputs(module, windows, seed))
-        report.rows.append(Row("windows", method, d, tol, d.within(tol), f"{windows} window(s)" if d.within(tol) else
+        calls = parity_inputs(module, windows, seed)
+        if reduced:  # side 1: against its own reference; side 2 (quality): against fp32 eager
+            d = check_method(programs.run, own[method], method, calls)
+            report.rows.append(Row("windows", method, d, tol, d.within(tol), f"{windows} window(s) vs own {precision.name}"
+                                   if d.within(tol) else f"{entry['backend']} {method} over tolerance of its own "
+                                   f"{precision.name} reference: {d.describe()}"))
+            tol, name = quality, "quality"
+        else:
+            name = "windows"
+        d = check_method(programs.run, module, method, calls)
+        report.rows.append(Row(name, method, d, tol, d.within(tol), f"{windows} window(s)" if d.within(tol) else
                                f"{entry['backend']} {method} over tolerance: {d.describe()}"))
     ramp, context, variants = m["decode"]["ramp"], m["decode"]["context_frames"], m["decode"]["variants"]
     frames = stream_frames(ramp, 5, context if "windowed" in variants else 0)
-    gate = tolerance(m["programs"][0]["backend"])
-    for s in stream_check(decoder, programs.run, variants, ramp, context, frames, seed + 1, gate):
+    gate = tolerance(m["programs"][0]["backend"], precision.key)
+    sides = {} if not own else dict(gate=quality, own=ModuleLoaded(own).run, own_gate=gate,
+                                    own_name=f"its own {precision.name} eager")
+    for s in stream_check(decoder, programs.run, variants, ramp, context, frames, seed + 1, **{"gate": gate, **sides}):
         report.rows.append(Row("stream", f"{s.name} ({frames} frames)", s.diff, s.tolerance, s.passed,
                                "" if s.passed else f"over tolerance: {s.describe()}"))
     report.rows += verify_bundles(art)
@@ -125,8 +143,9 @@ def verify_bundles(art: Artifacts) -> list[Row]:
             continue
         from executorch.extension.pybindings import portable_lib
 
-        atol = tolerance(p["backend"]).max_abs
-        rtol = BUNDLE_STATE_RTOL if p["variant"] == "stateful" else 0.0
+        dtype = get_precision(mf.precision_of(art.manifest)).key
+        atol = tolerance(p["backend"], dtype).max_abs
+        rtol = BUNDLE_STATE_RTOL[dtype] if p["variant"] == "stateful" else 0.0
         try:
             if b["path"] not in loaded:
                 loaded[b["path"]] = portable_lib._load_bundled_program_from_buffer((art.root / b["path"]).read_bytes())
