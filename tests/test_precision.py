@@ -1,5 +1,5 @@
 """Reduced-precision programs (program/precision.py) and their two-sided gate, on tiny, for both
-variants at the ramp's first three chunks:
+variants at the ramp's first two chunks:
 
 1. each program against its own eager reference at that precision (exporter and runtime bugs);
 2. each program against the fp32 eager decoder, and upstream, at the precision's quality floor.
@@ -33,9 +33,9 @@ CASES = [(f"{name}-{variant}", name, variant) for name in PRECISION_FLOWS for va
 
 @pytest.fixture(scope="session")
 def pramp(ramp):
-    """The chunks of the reduced-precision programs: the ramp's first three (every lowered method
+    """The chunks of the reduced-precision programs: the ramp's first two (every lowered method
     costs ~20-30 s; the first chunks are the ones that set first audio)."""
-    return ramp[:3]
+    return ramp[:2]
 
 
 @pytest.fixture(scope="session")
@@ -197,7 +197,7 @@ def test_side2_rejects_what_its_own_reference_cannot_see(decoder, ramp, context,
     r = results[0]
     assert r.diff.within(r.gate(RUN)), r.diff.describe()
     assert not r.quality.within(r.gate(QUALITY)) and not r.passed, r.quality.describe()
-    assert f"stage '{QUALITY}' diverged from the fp32 eager decoder" in r.failure()
+    assert f"stage '{QUALITY}' diverged from the float32 eager decoder" in r.failure()
 
 
 PRECISION_ERRORS = [
@@ -266,3 +266,23 @@ def test_reduced_precision_ships_verifies_and_decodes(model_dir, decoder, tmp_pa
     (arts / "manifest.json").write_text(json.dumps(m))
     v = _cli("verify", "--artifacts", arts)
     assert v.returncode == 2 and "unknown precision 'int4'" in v.stderr, v.stderr
+
+
+def test_fp16_keeps_rope_positions_in_float32(decoder):
+    """RoPE's inverse frequencies stay float32 in the half decoder (float16 positions are exact only
+    up to 2048), and far into a stream (position 5001) the fp16 stateful step stays within the fp16
+    quality floor of the fp32 one. On tiny the float16 table costs only 2 dB there (42.2 against 44.2),
+    so the dtype is what this asserts first."""
+    from c2w_export.program.precision import to_half
+    from c2w_export.program.prepare import prepare
+    from c2w_export.program.variants import make_variant
+
+    half = to_half(prepare(decoder))
+    assert half.pre_transformer.inv_freq_table.dtype == torch.float32
+    assert half.pre_conv.conv.weight.dtype == torch.float16
+    ref, got = make_variant(decoder, "stateful", 2, 0), make_variant(half, "stateful", 2, 0)
+    state = (torch.tensor([5001]), *ref.initial_state()[1:])
+    x = codes(decoder, 2, seed=9)
+    with torch.no_grad():
+        d = compare(got(x, *state)[0], ref(x, *state)[0])
+    assert d.within(tolerance(QUALITY, "float16")), d.describe()

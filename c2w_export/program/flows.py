@@ -172,8 +172,9 @@ class Prepare(Stage):
         prepared: dict[int, nn.Module] = {}  # one prepared copy per decoder
         out = {}
         for method, m in modules.items():
-            dec = prepared.setdefault(id(m.decoder), prepare(m.decoder))
-            out[method] = make_variant(dec, m.variant, m.chunk, m.context)
+            if id(m.decoder) not in prepared:
+                prepared[id(m.decoder)] = prepare(m.decoder)
+            out[method] = make_variant(prepared[id(m.decoder)], m.variant, m.chunk, m.context)
         return out
 
     def program(self, modules):

@@ -26,7 +26,6 @@ from .variants import MethodSpec, Stateful, Windowed, make_variant, parity_input
 
 RunFn = Callable[[str, Sequence[Tensor]], tuple[Tensor, ...]]
 QUALITY = "quality"  # reduced precision: the loaded program against the fp32 eager decoder (gate side 2)
-FP32_EAGER = "the fp32 eager decoder"
 
 
 class ParityError(RuntimeError):
@@ -151,7 +150,8 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence
         res = {m: ProgramResult(flow.name, mods[m].spec(), None, tol, windows=windows, module=mods[m],
                                 precision=flow.precision) for m in group}
         # what the stages are compared with, at which gate
-        against, current, name = dict(refs), tol, f"the {str(reference.dtype).removeprefix('torch.')} eager decoder"
+        eager = f"the {str(reference.dtype).removeprefix('torch.')} eager decoder"
+        against, current, name = dict(refs), tol, eager
         artifact, seconds = mods, {}
         for stage in flow.stages:
             t = time.perf_counter()
@@ -190,7 +190,7 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence
             r.references[RUN] = name
             if r.own is not None:
                 r.stages[QUALITY] = check_method(runner.run, refs[m], m, inputs[m], mods[m].initial_state())
-                r.gates[QUALITY], r.references[QUALITY] = tolerance(QUALITY, dtype), FP32_EAGER
+                r.gates[QUALITY], r.references[QUALITY] = tolerance(QUALITY, dtype), eager
             r.path = work.paths.get(m)
             r.bytes = r.path.stat().st_size if r.path else 0
             r.seconds = {s: v / len(group) for s, v in seconds.items()}

@@ -52,9 +52,11 @@ class Half(Stage):
     own_reference = True
 
     def run(self, modules, work: Work):
-        halves: dict[int, Code2Wav] = {}
-        return {m: make_variant(halves.setdefault(id(v.decoder), to_half(v.decoder)), v.variant, v.chunk, v.context)
-                for m, v in modules.items()}
+        halves: dict[int, Code2Wav] = {}  # one float16 copy per decoder
+        for v in modules.values():
+            if id(v.decoder) not in halves:
+                halves[id(v.decoder)] = to_half(v.decoder)
+        return {m: make_variant(halves[id(v.decoder)], v.variant, v.chunk, v.context) for m, v in modules.items()}
 
     def program(self, modules):
         return ModuleLoaded(modules)
@@ -81,7 +83,6 @@ class OwnModule:
 
     module: Callable
     initial_state: Callable[[], tuple]
-    spec: Callable
 
     def __call__(self, *inputs):
         out = self.module(*inputs)
@@ -107,7 +108,7 @@ def _quantizer(parts: tuple[str, ...]):
         if n.op != "call_function":  # weights and biases: judged by the op that uses them
             return True
         paths = [path for path, _ in (n.meta.get("nn_module_stack") or {}).values()]
-        return any(path.startswith(p) or ("." + p) in ("." + path) for path in paths for p in prefixes)
+        return any(path.startswith(p) for path in paths for p in prefixes)
 
     q = Quantizer()
     for op in sorted({op for part in parts for op in QUANT_PARTS[part][1]}):
@@ -156,7 +157,7 @@ class Quantize(Stage):
         return ModuleLoaded({m: ep.module() for m, ep in programs.items()})
 
     def references(self, programs, work: Work) -> dict:
-        return {m: OwnModule(ep.module(), work.modules[m].initial_state, work.modules[m].spec)
+        return {m: OwnModule(ep.module(), work.modules[m].initial_state)
                 for m, ep in programs.items()}
 
 
@@ -235,5 +236,5 @@ def own_references(decoder: Code2Wav, name: str, specs) -> dict:
         example = parity_inputs(module, 1, 0)[0] + module.initial_state()
         with torch.no_grad():
             graph = torch.export.export(module, example, strict=False).module()
-        out[m] = OwnModule(quantize(graph, module, p.parts), module.initial_state, module.spec)
+        out[m] = OwnModule(quantize(graph, module, p.parts), module.initial_state)
     return out

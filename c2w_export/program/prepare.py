@@ -111,6 +111,8 @@ class LayerNorm4D(nn.Module):
 class FoldedTransformer(Transformer):
     """Transformer whose RoPE inverse frequencies are a buffer, computed by the same function."""
 
+    KEEP_FP32 = ("inv_freq_table",)  # precision.to_half: positions * inv_freq stay float32, as unfolded
+
     def __init__(self, module: Transformer):
         nn.Module.__init__(self)
         self.input_proj, self.layers, self.norm, self.output_proj = (
