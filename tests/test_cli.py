@@ -339,6 +339,10 @@ BAD_ARTIFACTS = [
     ("dotdot-path", manifest_edit(lambda m: m["programs"][0].__setitem__("path", "../code2wav.pte")), "must be relative"),
     ("dotdot-bundle", manifest_edit(lambda m: m["programs"][0]["bundle"].__setitem__("path", "../x.bpte")), "must be relative"),
     ("damaged-bpte", lambda r: _flip(r / "code2wav.bpte"), "code2wav.bpte: sha256 mismatch"),
+    ("unknown-precision", manifest_edit(lambda m: m.__setitem__("precision", {"name": "int4", "key": "int4"})),
+     "unknown precision 'int4'"),
+    ("precision-without-key", manifest_edit(lambda m: m.__setitem__("precision", {"name": "fp16"})),
+     "precision is missing required field 'key'"),
 ]
 
 
@@ -352,6 +356,16 @@ def test_verify_and_decode_reject_damaged_artifacts(et_artifacts, copy_of, tmp_p
     np.save(tmp_path / "c.npy", np.zeros((16, 3), np.int64))
     rc, so, se = c2w("decode", "--artifacts", root, "--codes", tmp_path / "c.npy", "--out", tmp_path / "o.wav")
     assert rc == 2 and message in se
+
+
+def test_verify_refuses_a_precision_without_a_gate_for_its_backend(et_artifacts, copy_of):
+    """A manifest that claims a precision this backend has no measured gate for is a usage error
+    naming both, never a crash on a missing tolerance."""
+    root = copy_of(et_artifacts)
+    manifest_edit(lambda m: m.__setitem__("precision", {"name": "int8-linears", "key": "int8-linears"}))(root)
+    rc, so, se = c2w("verify", "--artifacts", root)
+    assert rc == 2 and "Traceback" not in se, (so, se)
+    assert "precision int8-linears has no measured gate for executorch_xnnpack; it is gated for ['torch_export']" in se
 
 
 STATE_SCRIPT = """

@@ -227,15 +227,19 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "c2w_export", *map(str, args)], capture_output=True, text=True)
 
 
-SHIPPED = [("xnnpack-fp16", "fp16"), ("xnnpack-int8-tail", "int8-tail")]
+SHIPPED = [  # (id, precision, what XNNPACK's kernels are named when they run at that precision)
+    ("xnnpack-fp16", "fp16", "F16"),
+    ("xnnpack-int8-tail", "int8-tail", "QC8"),
+]
 
 
-@pytest.mark.parametrize("precision", cases(SHIPPED))
-def test_reduced_precision_ships_verifies_and_decodes(model_dir, decoder, tmp_path, precision):
+@pytest.mark.parametrize("precision,kernel", cases(SHIPPED))
+def test_reduced_precision_ships_verifies_and_decodes(model_dir, decoder, tmp_path, precision, kernel):
     """CLI export --precision (both variants, chunk 1, one .pte, bundles) records the precision and
     both sides in the manifest; verify re-checks both sides against an own reference it rebuilds
-    (int8: re-calibrated from the recorded seed); decode writes the stream. A manifest edited to
-    claim fp32 fails verify (the fp32 gate); an unknown precision is a usage error naming it."""
+    (int8: re-calibrated from the recorded seed); the runtime's trace shows XNNPACK's kernels at that
+    precision (no silent float32 fallback); decode writes the stream. A manifest edited to claim fp32
+    fails verify (the fp32 gate); an unknown precision is a usage error naming it."""
     key = PRECISIONS[precision].key
     arts = tmp_path / "arts"
     done = _cli("export", "--model", model_dir, "--out-dir", arts, "--ramp", 1, "--variant", "both",
@@ -252,6 +256,10 @@ def test_reduced_precision_ships_verifies_and_decodes(model_dir, decoder, tmp_pa
     checks = [r["check"] for r in rows]
     assert checks.count("windows") == checks.count("quality") == checks.count("bundle") == 2
     assert {r["target"].split(" ")[0] for r in rows if r["check"] == "stream"} >= {"stateful-own", "windowed-own"}
+    prof = _cli("profile", "--artifacts", arts, "--runs", 1, "--json")
+    assert prof.returncode == 0, prof.stderr[-2000:]
+    for method, ops in json.loads(prof.stdout).items():
+        assert any(o["where"] == "xnnpack" and kernel in o["op"] for o in ops), (method, [o["op"] for o in ops])
     codes_path = tmp_path / "codes.npy"
     np.save(codes_path, codes(decoder, 7, 3).numpy())
     d = _cli("decode", "--artifacts", arts, "--codes", codes_path, "--out", tmp_path / "out.wav", "--variant", "stateful",

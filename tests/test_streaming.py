@@ -226,6 +226,26 @@ def test_stream_check_rows_by_hand(decoder):
     assert bad[0].describe().endswith(f"(tolerance max_abs<={gate.max_abs:g}, SNR>={gate.min_snr_db:g} dB)")
 
 
+def test_stream_check_own_rows(decoder):
+    """With an own reference (reduced precision): each variant's stream is also compared with the
+    same stream through `own`, first, at `own_gate`, and the other rows use `gate`; an own reference
+    off by 1e-3 in its stateful method fails the stateful-own row only."""
+    ctx = decoder.receptive_frames()
+    run, gate, own_gate = _eager_both(decoder, 2, ctx).run, tolerance("stress"), tolerance("eager")
+    frames = stream_frames([2], 1, ctx)
+    rows = stream_check(decoder, run, ["stateful", "windowed"], [2], ctx, frames, 5, gate, run, own_gate, "its own")
+    assert [(r.name, r.reference, r.tolerance) for r in rows] == [
+        ("stateful-own", "its own stream", own_gate), ("stateful", "offline decode", gate),
+        ("windowed-own", "its own stream", own_gate), ("windowed", "eager windowed stream", gate),
+        ("windowed-start", f"offline decode, first {ctx} frames", gate),
+        ("windowed-steady", f"offline decode after {ctx} frames", gate),  # the looser of the steady gate and `gate`
+    ]
+    assert all(r.passed for r in rows)
+    bad = stream_check(decoder, run, ["stateful", "windowed"], [2], ctx, frames, 5, gate,
+                       _off_by_1e3_when_stateful(run), own_gate, "its own")
+    assert [r.name for r in bad if not r.passed] == ["stateful-own"]
+
+
 def test_stream_result_records_each_step_and_its_time(decoder):
     res = stream_stateful(_eager_both(decoder, 2, 0).run, initial_state(decoder), _codes(decoder, 5, 2),
                           decoder.config.hop, [2])

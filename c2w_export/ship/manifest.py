@@ -15,7 +15,7 @@ from ..fileio import atomic_write_bytes, read_json, sha256_file
 from ..model.decoder import Code2Wav
 from ..program.flows import Flow
 from ..program.pipeline import QUALITY, ProgramResult
-from ..program.precision import FP32, get_precision
+from ..program.precision import FP32, PRECISIONS, get_precision
 from ..program.streaming import StreamCheck, ramp_reason
 from ..program.tolerances import tolerance
 
@@ -144,6 +144,9 @@ def load(directory: Path) -> dict:
     check_schema(data, SCHEMA, str(path))
     if "precision" in data:  # optional: manifests before it are fp32
         check_schema(data["precision"], {"name": str, "key": str}, f"{path}.precision")
+        if data["precision"]["name"] not in PRECISIONS:
+            raise ManifestError(f"{path}: unknown precision {data['precision']['name']!r}; this c2w-export knows "
+                                f"{sorted(PRECISIONS)}")
     for p in data["programs"]:
         for kind, rel in (("program", p["path"]), ("bundle", (p.get("bundle") or {}).get("path"))):
             if rel is not None and (not isinstance(rel, str) or Path(rel).is_absolute() or ".." in Path(rel).parts):
