@@ -48,7 +48,7 @@ class ProgramResult:
     precision: str = "fp32"
     gates: dict[str, Tolerance] = field(default_factory=dict)  # stage -> its gate when not `tolerance`
     references: dict[str, str] = field(default_factory=dict)  # stage -> what it was compared with
-    own: Windowed | Stateful | None = None  # reduced precision: the own reference module (precision.py)
+    own: Callable | None = None  # reduced precision: the own reference (a variant module or precision.OwnModule)
 
     @property
     def diff(self) -> Diff:
@@ -139,7 +139,7 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence
     refs = {m: make_variant(reference, modules[m].variant, modules[m].chunk, context) for m in modules}
     groups = [list(modules)] if multi_method else [[m] for m in modules]
     tol = tolerance(gate or flow.name)
-    dtype = PRECISIONS[flow.precision].key
+    key = PRECISIONS[flow.precision].key  # the tolerance table's key of the flow's precision
     results, loaded_by_method = [], {}
     for group in groups:
         t0 = time.perf_counter()
@@ -164,7 +164,7 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence
                 raise FlowError(f"{flow.name}: stage '{stage.name}' failed for {group}: {type(e).__name__}: {e}") from e
             seconds[stage.name] = time.perf_counter() - t
             if stage.own_reference:  # what is lost here is the precision's quality budget (side 2)
-                current = tolerance(QUALITY, dtype)
+                current = tolerance(QUALITY, key)
             if stage.compared:
                 try:
                     program = stage.program(artifact)
@@ -177,9 +177,9 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence
                 except Exception as e:  # e.g. the runtime cannot load what the stage lowered
                     raise FlowError(f"{flow.name}: stage '{stage.name}' output could not run for {group}: "
                                     f"{type(e).__name__}: {e}") from e
-            if stage.own_reference:  # later stages: against this artifact, at the flow's gate for the dtype (side 1)
+            if stage.own_reference:  # later stages: against this artifact, at the flow's gate for the precision (side 1)
                 against = stage.references(artifact, work)
-                current, name = tolerance(flow.name, dtype), f"its own {flow.precision} eager reference"
+                current, name = tolerance(flow.name, key), f"its own {flow.precision} eager reference"
                 for m in group:
                     res[m].own, res[m].tolerance = against[m], current
         loaded = artifact  # the last stage is always load (Flow checks the order)
@@ -190,7 +190,7 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence
             r.references[RUN] = name
             if r.own is not None:
                 r.stages[QUALITY] = check_method(runner.run, refs[m], m, inputs[m], mods[m].initial_state())
-                r.gates[QUALITY], r.references[QUALITY] = tolerance(QUALITY, dtype), eager
+                r.gates[QUALITY], r.references[QUALITY] = tolerance(QUALITY, key), eager
             r.path = work.paths.get(m)
             r.bytes = r.path.stat().st_size if r.path else 0
             r.seconds = {s: v / len(group) for s, v in seconds.items()}
