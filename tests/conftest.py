@@ -8,6 +8,8 @@ tests), --bench (run benchmarks).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,27 @@ settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
+
+
+def pytest_configure(config):
+    """One lowering cache per session (program/lowering.py), shared by the xdist workers and the CLI
+    processes they start, so each distinct method program is lowered once; removed at the end, never
+    reused by another session. A C2W_LOWER_CACHE set by the caller is used as it is."""
+    from c2w_export.program.lowering import CACHE_ENV
+
+    if hasattr(config, "workerinput") or os.environ.get(CACHE_ENV):
+        return
+    config.c2w_lower_cache = tempfile.mkdtemp(prefix="c2w-lower-cache-")
+    os.environ[CACHE_ENV] = config.c2w_lower_cache
+
+
+def pytest_unconfigure(config):
+    from c2w_export.program.lowering import CACHE_ENV
+
+    path = getattr(config, "c2w_lower_cache", None)
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
+        os.environ.pop(CACHE_ENV, None)
 
 
 def pytest_addoption(parser):

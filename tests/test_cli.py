@@ -481,17 +481,19 @@ def test_verify_names_the_wrong_method_of_a_multi_method_pte(et_artifacts, copy_
     from c2w_export.model.synth import make_decoder
     from c2w_export.program.flows import Export, Lower, SerializePte, Work
     from c2w_export.program.pipeline import ProgramResult
+    from c2w_export.program.prepare import prepare
     from c2w_export.program.tolerances import tolerance
     from c2w_export.program.variants import initial_state, make_variant
     from c2w_export.ship.bundle import write_bundles
 
     other = make_decoder(preset("tiny"), 1)
-    mods = {"chunk_2": make_variant(decoder, "windowed", 2, 72), "stateful_chunk_2": make_variant(other, "stateful", 2, 0)}
+    mods = {"chunk_2": make_variant(prepare(decoder), "windowed", 2, 72),  # prepared, as export does: the session has lowered it
+            "stateful_chunk_2": make_variant(prepare(other), "stateful", 2, 0)}
     root = copy_of(et_artifacts)
     work = Work(mods, {"chunk_2": (torch.zeros(1, 16, 74, dtype=torch.int64), torch.tensor([72])),
                        "stateful_chunk_2": (torch.zeros(1, 16, 2, dtype=torch.int64), *initial_state(other))},
                 root, "code2wav")
-    SerializePte().run(Lower("portable").run(Export().run(mods, work), work), work)
+    SerializePte().run(Lower("xnnpack").run(Export().run(mods, work), work), work)
     results = [ProgramResult("executorch_xnnpack", m.spec(), root / "code2wav.pte", tolerance("executorch_xnnpack"))
                for m in mods.values()]
     write_bundles(results, lambda s: None, reference=decoder)  # expected outputs from the right decoder

@@ -81,7 +81,7 @@ def test_combine_takes_the_worst_of_each():
 def test_unknown_tolerance_key_raises_naming_it():
     with pytest.raises(KeyError, match="no tolerance for flow='nope'"):
         tolerance("nope")
-    with pytest.raises(KeyError, match="dtype='int4'"):
+    with pytest.raises(KeyError, match="precision='int4'"):
         tolerance("executorch_xnnpack", "int4")
 
 

@@ -134,6 +134,7 @@ class Work:
     paths: dict[str, Path] = field(default_factory=dict)
     nodes: dict[str, int] = field(default_factory=dict)  # method -> operator nodes of its exported graph
     delegation: dict[str, dict] = field(default_factory=dict)  # method -> delegation(), after lowering
+    progress: Callable[[str], None] = lambda s: None  # per-method lines of long stages (lowering)
 
     def directory(self) -> Path:
         if self.out_dir is None:  # an in-memory build still runs the files through the runtime
@@ -219,31 +220,20 @@ def delegation(graph) -> dict:
             "outside": dict(sorted(outside.items(), key=lambda kv: (-kv[1], kv[0])))}
 
 
-def _xnnpack_partitioners() -> list:
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-    return [XnnpackPartitioner()]
-
-
-# partitioner name -> the partitioners to lower with; "portable" delegates nothing (portable kernels)
-PARTITIONERS: dict[str, Callable[[], list]] = {"xnnpack": _xnnpack_partitioners, "portable": lambda: []}
-
-
 @dataclass(frozen=True)
 class Lower(Stage):
-    """ExecuTorch: every method into one program (XNNPACK shares the weights) -> .pte bytes."""
+    """ExecuTorch: every method into one program (XNNPACK shares the weights) -> .pte bytes; each
+    method lowered on its own, in parallel when it can (lowering.py)."""
 
     partitioner: str
     name: str = "lower"
     compared: bool = True
 
     def run(self, programs, work):
-        from executorch.exir import to_edge, to_edge_transform_and_lower
+        from .lowering import lower_methods
 
         try:
-            partitioners = PARTITIONERS[self.partitioner]()
-            edge = (to_edge_transform_and_lower(dict(programs), partitioner=partitioners) if partitioners
-                    else to_edge(dict(programs)))
+            edge = lower_methods(dict(programs), self.partitioner, work.progress, QUIET_NATIVE)
             for method in programs:
                 work.delegation[method] = delegation(edge.exported_program(method).graph)
             return edge.to_executorch().buffer

@@ -146,7 +146,7 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence
         mods = {m: modules[m] for m in group}
         inputs = {m: parity_inputs(mods[m], windows, seed) for m in group}
         work = Work(dict(mods), {m: (*inputs[m][0], *mods[m].initial_state()) for m in group}, out_dir,
-                    stem if multi_method else f"{stem}_{group[0]}")
+                    stem if multi_method else f"{stem}_{group[0]}", progress=progress)
         res = {m: ProgramResult(flow.name, mods[m].spec(), None, tol, windows=windows, module=mods[m],
                                 precision=flow.precision) for m in group}
         # what the stages are compared with, at which gate

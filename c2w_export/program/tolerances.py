@@ -36,8 +36,21 @@ STRESS_GATE = Tolerance(
     "eps moves it 2.0 (6 dB), dropping the usage clamp gives inf",
 )
 
-# name -> tolerance. A flow's name keys the gate its programs are held to against their reference
-# (artifact flows: the fp32 eager decoder; the eager flow: the fp64 decode).
+# int8 (program/precision.py: static PT2E, XNNPACK). Side 2 is the product floor, not a measurement:
+# 25 dB SQNR is what ExecuTorch's Mimi example gates its int8 decoder at, and a CoreML fp16 port of
+# this decoder reports ~31 dB. On the seeded synthetic weights only the tail reaches it (below); the
+# rest measure 8-16 dB on tiny and 14-20 dB eager at real size (every weight int8 even without
+# activation quantization: 22.5 dB tiny, 19.8 dB real), so the gate refuses them, as it should.
+INT8_QUALITY = Tolerance(
+    0.5, 25.0,
+    "the product floor (ExecuTorch's Mimi int8 example gates at SQNR 25 dB), not a measurement. Measured on tiny: "
+    "int8-tail 27.1-29.5 dB lowered; int8 8.1-15.7, int8-convs 8.6-16.1, int8-linears 8.1-23.3 dB (refused)",
+)
+INT8_EXPORT = Tolerance(1e-5, 95.0, "the re-exported quantized graph vs the converted module: the same PyTorch "
+                                    "q/dq ops run both, measured 0 on tiny for every int8 precision")
+# (name, precision key) -> tolerance. A flow's name keys the gate its programs are held to against their
+# reference (artifact flows: the fp32 eager decoder; the eager flow: the fp64 decode); the key is the
+# precision's (precision.PRECISIONS: "float32", "float16", "int8-tail", ...).
 TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("reference", "float32"): Tolerance(
         1e-5, 95.0,
@@ -75,9 +88,9 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("windowed_steady_approx", "float32"): Tolerance(
         0.05, 40.0, "context shorter than the receptive field: measured 62-72 dB / 7.6e-4 at real size, context 72",
     ),
-    # Reduced precision (program/precision.py): each has two gates. Side 1, (flow, dtype): the program
+    # Reduced precision (program/precision.py): each has two gates. Side 1, (flow, key): the program
     # against its own eager reference at that precision (exporter and runtime bugs). Side 2,
-    # ("quality", dtype): the program against the fp32 eager decoder (the quality budget).
+    # ("quality", key): the program against the fp32 eager decoder (the quality budget).
     ("quality", "float16"): Tolerance(
         0.05, 38.0,
         "fp16 weights and activations vs the fp32 eager decoder: measured 45.0-45.4 dB / 4.0e-3-5.8e-3 "
@@ -94,39 +107,33 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
         "half kernels accumulate in fp32 and round once per op, XNNPACK's f16 kernels round inside, so this "
         "side is only as tight as fp16 rounding over ~40 layers: it catches a wrong op or weight, not a 1e-3 one",
     ),
+    # int8: side 2 is the product floor; torch_export re-runs the same q/dq ops (INT8_QUALITY, INT8_EXPORT above)
+    ("quality", "int8"): INT8_QUALITY,
+    ("torch_export", "int8"): INT8_EXPORT,
+    ("quality", "int8-convs"): INT8_QUALITY,
+    ("torch_export", "int8-convs"): INT8_EXPORT,
+    ("quality", "int8-linears"): INT8_QUALITY,
+    ("torch_export", "int8-linears"): INT8_EXPORT,
+    ("quality", "int8-tail"): INT8_QUALITY,
+    ("torch_export", "int8-tail"): INT8_EXPORT,
+    ("executorch_xnnpack", "int8-tail"): Tolerance(
+        0.05, 35.0,
+        "XNNPACK int8 kernels vs the converted PT2E reference (q/dq around fp32 math): measured 44.5-50.0 dB / "
+        "7.0e-3-1.04e-2 on tiny, chunks 1-4, both variants: requantization rounds differently by ~1 step, and the "
+        "layers after the tail are few",
+    ),
+    ("executorch_xnnpack", "int8-convs"): Tolerance(
+        0.25, 14.0,
+        "XNNPACK int8 vs the converted reference with every conv int8: measured 17.9-21.5 dB / 5.1e-2-9.8e-2 on tiny, "
+        "chunks 1 and 4, both variants: a ~1-step requantization difference per conv grows through ~30 of them. "
+        "Only a gross exporter bug fails this side; side 2 refuses these programs on the seeded weights anyway",
+    ),
+    ("executorch_xnnpack", "int8"): Tolerance(
+        0.25, 14.0,
+        "XNNPACK int8 vs the converted reference with every conv and linear int8: measured 17.0-21.1 dB / "
+        "5.6e-2-9.8e-2 on tiny, chunks 1-4, both variants (as int8-convs: rounding steps amplified over the stack)",
+    ),
 }
-# int8 (program/precision.py: static PT2E, XNNPACK). Side 2 is the product floor, not a measurement:
-# 25 dB SQNR is what ExecuTorch's Mimi example gates its int8 decoder at, and a CoreML fp16 port of
-# this decoder reports ~31 dB. On the seeded synthetic weights only the tail reaches it (below); the
-# rest measure 8-16 dB on tiny and 14-20 dB eager at real size (every weight int8 even without
-# activation quantization: 22.5 dB tiny, 19.8 dB real), so the gate refuses them, as it should.
-INT8_QUALITY = Tolerance(
-    0.5, 25.0,
-    "the product floor (ExecuTorch's Mimi int8 example gates at SQNR 25 dB), not a measurement. Measured on tiny: "
-    "int8-tail 27.1-29.5 dB lowered; int8 8.1-15.7, int8-convs 8.6-16.1, int8-linears 8.1-23.3 dB (refused)",
-)
-INT8_EXPORT = Tolerance(1e-5, 95.0, "the re-exported quantized graph vs the converted module: the same PyTorch "
-                                    "q/dq ops run both, measured 0 on tiny for every int8 precision")
-for _name in ("int8", "int8-convs", "int8-linears", "int8-tail"):
-    TOLERANCES[("quality", _name)] = INT8_QUALITY
-    TOLERANCES[("torch_export", _name)] = INT8_EXPORT
-TOLERANCES[("executorch_xnnpack", "int8-tail")] = Tolerance(
-    0.05, 35.0,
-    "XNNPACK int8 kernels vs the converted PT2E reference (q/dq around fp32 math): measured 44.5-50.0 dB / "
-    "7.0e-3-1.04e-2 on tiny, chunks 1-4, both variants: requantization rounds differently by ~1 step, and the "
-    "layers after the tail are few",
-)
-TOLERANCES[("executorch_xnnpack", "int8-convs")] = Tolerance(
-    0.25, 14.0,
-    "XNNPACK int8 vs the converted reference with every conv int8: measured 17.9-21.5 dB / 5.1e-2-9.8e-2 on tiny, "
-    "chunks 1 and 4, both variants: a ~1-step requantization difference per conv grows through ~30 of them. "
-    "Only a gross exporter bug fails this side; side 2 refuses these programs on the seeded weights anyway",
-)
-TOLERANCES[("executorch_xnnpack", "int8")] = Tolerance(
-    0.25, 14.0,
-    "XNNPACK int8 vs the converted reference with every conv and linear int8: measured 17.0-21.1 dB / "
-    "5.6e-2-9.8e-2 on tiny, chunks 1-4, both variants (as int8-convs: rounding steps amplified over the stack)",
-)
 # int8-linears has no XNNPACK gate: its programs lower but fail to load (XNNPACK: "Failed to create squeeze
 # node", executorch 1.5.1), so it is refused for that flow by name; torch_export runs it.
 
@@ -146,8 +153,9 @@ BUNDLE_STATE_RTOL: dict[str, float] = {"float32": 1e-4, "float16": 0.02, "int8-t
 PERTURBATION = 1e-3  # relative change of one weight that a gate must reject
 
 
-def tolerance(flow: str, dtype: str = "float32") -> Tolerance:
+def tolerance(flow: str, key: str = "float32") -> Tolerance:
+    """The gate of `flow` (or another TOLERANCES name) for the precision key `key`."""
     try:
-        return TOLERANCES[(flow, dtype)]
+        return TOLERANCES[(flow, key)]
     except KeyError:
-        raise KeyError(f"no tolerance for flow={flow!r} dtype={dtype!r}; add one to c2w_export/tolerances.py") from None
+        raise KeyError(f"no tolerance for flow={flow!r} precision={key!r}; add one to c2w_export/program/tolerances.py") from None

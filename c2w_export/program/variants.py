@@ -88,7 +88,8 @@ def io_dtype(decoder: Code2Wav) -> torch.dtype:
 
 def _io(t: Tensor, dtype: torch.dtype) -> Tensor:
     """A float tensor in `dtype` (int tensors, the position, as they are)."""
-    return t.to(dtype) if t.is_floating_point() else t
+    # a same-dtype .to() still traces as two graph nodes per tensor (to + a metadata assert)
+    return t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
 
 
 def initial_state(decoder: Code2Wav) -> tuple[Tensor, ...]:

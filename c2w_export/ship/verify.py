@@ -111,11 +111,9 @@ def verify(artifacts_dir: str | Path, model: str | None = None, windows: int = 3
     ramp, context, variants = m["decode"]["ramp"], m["decode"]["context_frames"], m["decode"]["variants"]
     frames = stream_frames(ramp, 5, context if "windowed" in variants else 0)
     gate = tolerance(m["programs"][0]["backend"], precision.key)
-    if reduced:  # side 2 at the quality floor, side 1 against the own reference's stream
-        streams = stream_check(decoder, programs.run, variants, ramp, context, frames, seed + 1, quality,
-                               ModuleLoaded(own).run, gate, f"its own {precision.name} eager")
-    else:
-        streams = stream_check(decoder, programs.run, variants, ramp, context, frames, seed + 1, gate)
+    # reduced precision: side 2 at the quality floor, side 1 against the own reference's stream
+    streams = stream_check(decoder, programs.run, variants, ramp, context, frames, seed + 1, quality or gate,
+                           ModuleLoaded(own).run if reduced else None, gate, f"its own {precision.name} eager")
     for s in streams:
         report.rows.append(Row("stream", f"{s.name} ({frames} frames)", s.diff, s.tolerance, s.passed,
                                "" if s.passed else f"over tolerance: {s.describe()}"))
@@ -142,13 +140,13 @@ def verify_bundles(art: Artifacts) -> list[Row]:
     (BundledModule.verify_result_with_bundled_expected_output executes the method on the
     bundled inputs and compares with the bundled expected outputs inside the runtime)."""
     rows, loaded = [], {}
+    key = get_precision(mf.precision_of(art.manifest)).key
     for p in art.manifest["programs"]:
         b = p.get("bundle")
         if not b:
             continue
         from executorch.extension.pybindings import portable_lib
 
-        key = get_precision(mf.precision_of(art.manifest)).key
         atol = tolerance(p["backend"], key).max_abs
         rtol = BUNDLE_STATE_RTOL.get(key) if p["variant"] == "stateful" else 0.0
         if rtol is None:

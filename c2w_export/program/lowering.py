@@ -1,0 +1,224 @@
+"""Lowering to one ExecuTorch program, a method at a time.
+
+Each method's ExportedProgram is lowered on its own (`to_edge_transform_and_lower`, or `to_edge`
+for portable kernels) in parallel worker processes when more than one method needs it and more
+than one core is free; else all of them in one call in this process. A lowered method travels
+between processes (and into the cache) as exir serde bytes, and the methods are combined into one
+multi-method program (XNNPACK names each weight by the hash of its
+bytes, so methods still share them). The result is the same .pte, byte for byte, as lowering every
+method in one call (tests/test_lowering.py).
+
+With C2W_LOWER_CACHE naming a directory, a method whose exported program (graph, shapes, metadata,
+weights) was lowered before with the same partitioner, by any process sharing that directory, is
+not lowered again. Only the test suite sets it, to a directory that lives for one session
+(tests/conftest.py), so the many tests that export the same tiny programs lower each once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import io
+import multiprocessing
+import os
+import pickle
+import time
+from typing import Callable, Mapping
+
+import torch
+
+from ..fileio import atomic_write
+
+CACHE_ENV = "C2W_LOWER_CACHE"  # a directory shared by the processes of one test session
+WORKERS_ENV = "C2W_LOWER_WORKERS"  # worker processes; default: the cores this process may use
+_NAME = "method"  # every method is lowered under one name, so equal programs share a key
+
+
+def _xnnpack_partitioners() -> list:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    return [XnnpackPartitioner()]
+
+
+# partitioner name -> the partitioners to lower with; "portable" delegates nothing (portable kernels)
+PARTITIONERS: dict[str, Callable[[], list]] = {"xnnpack": _xnnpack_partitioners, "portable": lambda: []}
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def workers_for(misses: int) -> int:
+    """Worker processes for `misses` methods to lower: C2W_LOWER_WORKERS, else the free cores."""
+    want = os.environ.get(WORKERS_ENV)
+    if want is not None:
+        try:
+            n = int(want)
+        except ValueError:
+            raise ValueError(f"{WORKERS_ENV} must be an integer, got {want!r}") from None
+        if n < 1:
+            raise ValueError(f"{WORKERS_ENV} must be >= 1, got {n}")
+    else:
+        n = cores()
+    return max(1, min(n, misses))
+
+
+def program_key(ep, partitioner: str) -> str:
+    """sha256 over what lowering reads: every node (op, target, arguments, output shape and dtype,
+    the source module and function it came from), the signature, every weight's bytes, the
+    partitioner and the torch/ExecuTorch versions."""
+    from ..env import versions
+
+    h = hashlib.sha256(repr((partitioner, versions()["torch"], versions()["executorch"])).encode())
+    for n in ep.graph.nodes:
+        val = n.meta.get("val")
+        shape = (tuple(val.shape), str(val.dtype)) if isinstance(val, torch.Tensor) else repr(val)
+        h.update(repr((n.op, n.name, str(n.target), n.args, n.kwargs, shape, n.meta.get("nn_module_stack"),
+                       n.meta.get("source_fn_stack"), n.meta.get("torch_fn"))).encode())
+    h.update(str(ep.graph_signature).encode())
+    for name, t in sorted({**ep.state_dict, **ep.constants}.items()):
+        if isinstance(t, torch.Tensor):
+            t = t.detach().contiguous().cpu()
+            h.update(repr((name, tuple(t.shape), str(t.dtype))).encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        else:
+            h.update(repr((name, type(t).__name__)).encode())
+    return h.hexdigest()
+
+
+def lower_together(programs: Mapping[str, object], partitioner: str) -> dict:
+    """{method: ExportedProgram} lowered in one ExecuTorch call -> {method: its lowered edge program
+    as exir serde bytes}. One call costs less than one per method (measured 10-20% on tiny), so this
+    process lowers what it has to lower this way."""
+    from executorch.exir import to_edge, to_edge_transform_and_lower
+    from executorch.exir.serde.serialize import serialize
+
+    partitioners = PARTITIONERS[partitioner]()
+    edge = (to_edge_transform_and_lower(dict(programs), partitioner=partitioners) if partitioners
+            else to_edge(dict(programs)))
+    return {m: serialize(edge.exported_program(m)) for m in programs}
+
+
+def lower_one(ep, partitioner: str):
+    """One method's ExportedProgram -> its lowered edge program as exir serde bytes."""
+    return lower_together({_NAME: ep}, partitioner)[_NAME]
+
+
+def _in_worker(program: bytes, partitioner: str, quiet: bool):
+    """Worker process: an ExportedProgram saved with torch.export.save -> (serde artifact, seconds),
+    or (None, why) when it cannot be loaded here."""
+    if quiet:
+        import logging
+        import warnings
+
+        warnings.filterwarnings("ignore")
+        for name in ("torch", "torchao", "executorch"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+    import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401  (registers the ops a PT2E int8 program calls)
+
+    t = time.perf_counter()
+    try:
+        ep = torch.export.load(io.BytesIO(program))
+    except Exception as e:  # a program torch.export cannot carry between processes: the parent lowers it
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return lower_one(ep, partitioner), time.perf_counter() - t
+
+
+def _disk(key: str):
+    root = os.environ.get(CACHE_ENV)
+    return None if not root else os.path.join(root, f"{key}.lowered")
+
+
+def _cached(key: str):
+    path = _disk(key)
+    if path and os.path.exists(path):
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    return None
+
+
+def _store(key: str, art) -> None:
+    path = _disk(key)
+    if path:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        atomic_write(path, lambda f: pickle.dump(art, f))
+
+
+def _lower_in_pool(programs, misses, partitioner, n, quiet, keys, arts, progress) -> None:
+    """Lower `misses` in `n` spawned worker processes, filling `arts` as each finishes. At most `n`
+    saved programs are in flight, so a real-size program (457 MB) is held once per worker, not once
+    per method."""
+    def submit(pool, m):
+        buf = io.BytesIO()
+        torch.export.save(programs[m], buf)
+        return pool.submit(_in_worker, buf.getvalue(), partitioner, quiet)
+
+    todo = list(misses)
+    with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        running = {submit(pool, m): m for m in todo[:n]}
+        todo = todo[n:]
+        while running:
+            done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                m = running.pop(future)
+                try:
+                    art, seconds = future.result()
+                except concurrent.futures.process.BrokenProcessPool:
+                    raise
+                except Exception as e:
+                    raise RuntimeError(f"lowering method {m} failed: {type(e).__name__}: {e}") from e
+                if todo:
+                    nxt = todo.pop(0)
+                    running[submit(pool, nxt)] = nxt
+                if art is None:  # left to the parent (arts[m] stays None)
+                    progress(f"      {m}: a worker could not load it ({seconds}); lowering it in this process")
+                    continue
+                arts[m] = art
+                _store(keys[m], art)
+                progress(f"      lowered {m} in {seconds:.1f}s (worker)")
+
+
+def lower_methods(programs: Mapping[str, object], partitioner: str,
+                  progress: Callable[[str], None] = lambda s: None, quiet: bool = False):
+    """{method: ExportedProgram} -> an EdgeProgramManager holding every method lowered (call
+    `.to_executorch()` on it). Methods lowered before (the cache) are read back; the others are
+    lowered in worker processes when there are more than one and more than one worker, else in one
+    call here. Raises a RuntimeError naming the method(s) that failed."""
+    keys = {m: program_key(ep, partitioner) for m, ep in programs.items()}
+    arts = {m: _cached(k) for m, k in keys.items()}
+    misses = [m for m, a in arts.items() if a is None]
+    if len(misses) < len(programs):
+        progress(f"      lowering: {len(programs) - len(misses)} of {len(programs)} method(s) lowered before (same program)")
+    n = workers_for(len(misses)) if misses else 0
+    if n > 1:
+        progress(f"      lowering {len(misses)} method(s) in {n} worker processes")
+        try:
+            _lower_in_pool(programs, misses, partitioner, n, quiet, keys, arts, progress)
+        except concurrent.futures.process.BrokenProcessPool as e:
+            # e.g. a script without `if __name__ == "__main__"` cannot start spawned workers
+            progress(f"      worker processes failed ({e}); lowering the rest in this process")
+    rest = [m for m in misses if arts[m] is None]
+    if rest:
+        t = time.perf_counter()
+        try:
+            lowered = lower_together({m: programs[m] for m in rest}, partitioner)
+        except Exception as e:
+            raise RuntimeError(f"lowering {rest} failed: {type(e).__name__}: {e}") from e
+        for m in rest:
+            arts[m] = lowered[m]
+            _store(keys[m], arts[m])
+        progress(f"      lowered {', '.join(rest)} in {time.perf_counter() - t:.1f}s")
+    return combine({m: arts[m] for m in programs})
+
+
+def combine(arts: Mapping[str, object]):
+    """{method: lowered edge program as exir serde bytes} -> one EdgeProgramManager (its
+    constructor gathers the methods' named weights into one store, so equal weights are kept once)."""
+    from executorch.exir import EdgeProgramManager
+    from executorch.exir.serde.serialize import deserialize
+
+    return EdgeProgramManager({m: deserialize(a) for m, a in arts.items()})

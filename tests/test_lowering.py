@@ -1,0 +1,132 @@
+"""Lowering a method at a time (program/lowering.py): the same .pte, byte for byte, as lowering every
+method in one ExecuTorch call, whether in this process, in worker processes or from the session's
+cache; a cache key that changes with anything that changes the program; and what happens when
+worker processes cannot be used."""
+
+import concurrent.futures
+
+import pytest
+import torch
+
+from c2w_export.program import lowering
+from c2w_export.program.prepare import prepare
+from c2w_export.program.variants import example_inputs, make_variant
+from helpers import cases
+
+
+def _export(decoder, variant, chunk, seed=0):
+    m = make_variant(decoder, variant, chunk, 72)
+    with torch.no_grad():
+        return m.method, torch.export.export(m, example_inputs(m, seed=seed), strict=False)
+
+
+@pytest.fixture(scope="module")
+def prepared(decoder):
+    return prepare(decoder)
+
+
+@pytest.fixture(scope="module")
+def two(prepared):
+    """chunk_1 and stateful_chunk_1 of the session checkpoint, exported as the flows export them."""
+    return dict(_export(prepared, v, 1) for v in ("windowed", "stateful"))
+
+
+def _whole(programs, partitioner):
+    """Every method in one ExecuTorch call: what Lower did before lowering.py."""
+    from executorch.exir import to_edge, to_edge_transform_and_lower
+
+    parts = lowering.PARTITIONERS[partitioner]()
+    edge = to_edge_transform_and_lower(dict(programs), partitioner=parts) if parts else to_edge(dict(programs))
+    return edge.to_executorch().buffer
+
+
+def test_xnnpack_per_method_is_the_whole_program_byte_for_byte(two):
+    """Each method lowered alone (what a worker process does), carried as serde bytes and combined,
+    against one to_edge_transform_and_lower call of both: the same bytes, so the weights the methods
+    share stay shared."""
+    arts = {m: lowering.lower_one(ep, "xnnpack") for m, ep in two.items()}
+    assert lowering.combine(arts).to_executorch().buffer == _whole(two, "xnnpack")
+
+
+def test_worker_processes_give_the_same_bytes(two, monkeypatch, tmp_path):
+    """Two worker processes, nothing cached (portable kernels: the cheap lowering), against the whole
+    call; then the same again from the cache they filled, with no lowering."""
+    monkeypatch.setenv(lowering.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(lowering.WORKERS_ENV, "2")
+    lines = []
+    whole = _whole(two, "portable")
+    assert lowering.lower_methods(two, "portable", lines.append).to_executorch().buffer == whole
+    assert "      lowering 2 method(s) in 2 worker processes" in lines
+    assert sorted(line.split(" in ")[0].strip() for line in lines if line.endswith("(worker)")) == \
+        ["lowered chunk_1", "lowered stateful_chunk_1"], lines
+    assert len(list(tmp_path.glob("*.lowered"))) == 2
+    lines.clear()
+    assert lowering.lower_methods(two, "portable", lines.append).to_executorch().buffer == whole
+    assert lines == ["      lowering: 2 of 2 method(s) lowered before (same program)"]
+
+
+def test_a_broken_pool_falls_back_to_this_process(two, monkeypatch):
+    """Worker processes that cannot start (a script without a __main__ guard breaks the pool) leave
+    the lowering to this process, and the progress says so."""
+    def broken(*args):
+        raise concurrent.futures.process.BrokenProcessPool("a child process terminated abruptly")
+
+    monkeypatch.delenv(lowering.CACHE_ENV, raising=False)
+    monkeypatch.setenv(lowering.WORKERS_ENV, "2")
+    monkeypatch.setattr(lowering, "_lower_in_pool", broken)
+    lines = []
+    one = {"chunk_1": two["chunk_1"]}
+    assert lowering.lower_methods({**one, "again": two["chunk_1"]}, "portable", lines.append).methods == {"chunk_1", "again"}
+    assert any("worker processes failed (a child process terminated abruptly); lowering the rest in this process" in s
+               for s in lines), lines
+
+
+def test_a_worker_that_cannot_load_the_program_leaves_it_to_the_parent():
+    art, why = lowering._in_worker(b"not a saved program", "portable", True)
+    assert art is None and why, why
+
+
+KEY_CHANGES = [  # (id, what differs from chunk_1 of the prepared decoder)
+    ("one-weight-1e-3", "weight"),
+    ("another-chunk", "chunk"),
+    ("another-partitioner", "partitioner"),
+]
+
+
+@pytest.mark.parametrize("change", cases(KEY_CHANGES))
+def test_the_cache_key_changes_with_the_program(prepared, two, change):
+    """A program that differs in one weight by 1e-3, in shape, or in its partitioner never gets
+    another's lowering: each has its own key. The key ignores the example inputs' values, which
+    do not reach the graph."""
+    import copy
+
+    key = lowering.program_key(two["chunk_1"], "xnnpack")
+    assert lowering.program_key(_export(prepared, "windowed", 1, seed=5)[1], "xnnpack") == key
+    if change == "weight":
+        other = copy.deepcopy(prepared)
+        w = other.pre_transformer.layers[0].self_attn.o_proj.weight
+        with torch.no_grad():
+            w[0, 0] *= 1.001
+        assert lowering.program_key(_export(other, "windowed", 1)[1], "xnnpack") != key
+    elif change == "chunk":
+        assert lowering.program_key(_export(prepared, "windowed", 2)[1], "xnnpack") != key
+    else:
+        assert lowering.program_key(two["chunk_1"], "portable") != key
+
+
+@pytest.mark.parametrize("value,message", cases([
+    ("zero", "0", "C2W_LOWER_WORKERS must be >= 1, got 0"),
+    ("word", "two", "C2W_LOWER_WORKERS must be an integer, got 'two'"),
+]))
+def test_bad_worker_count_is_named(monkeypatch, value, message):
+    monkeypatch.setenv(lowering.WORKERS_ENV, value)
+    with pytest.raises(ValueError) as e:
+        lowering.workers_for(3)
+    assert str(e.value) == message
+
+
+def test_workers_never_outnumber_the_methods(monkeypatch):
+    monkeypatch.setenv(lowering.WORKERS_ENV, "8")
+    assert [lowering.workers_for(n) for n in (1, 2, 12)] == [1, 2, 8]
+    monkeypatch.delenv(lowering.WORKERS_ENV)
+    assert lowering.workers_for(1) == 1 and lowering.workers_for(64) == lowering.cores()
