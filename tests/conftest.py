@@ -27,11 +27,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 def pytest_configure(config):
     """One lowering cache per session (program/lowering.py), shared by the xdist workers and the CLI
     processes they start, so each distinct method program is lowered once; removed at the end, never
-    reused by another session. A C2W_LOWER_CACHE set by the caller is used as it is."""
+    reused by another session. A C2W_LOWER_CACHE set by the caller is used as it is; --real runs
+    (the reference env) have none."""
     from c2w_export.program.lowering import CACHE_ENV
 
-    if hasattr(config, "workerinput") or os.environ.get(CACHE_ENV):
-        return
+    if hasattr(config, "workerinput") or os.environ.get(CACHE_ENV) or config.getoption("--real"):
+        return  # (real-size runs lower each program once: a cache would only copy 457 MB per method)
     config.c2w_lower_cache = tempfile.mkdtemp(prefix="c2w-lower-cache-")
     os.environ[CACHE_ENV] = config.c2w_lower_cache
 

@@ -3,7 +3,7 @@ method in one ExecuTorch call, whether in this process, in worker processes or f
 cache; a cache key that changes with anything that changes the program; and what happens when
 worker processes cannot be used."""
 
-import concurrent.futures
+import concurrent.futures.process
 
 import pytest
 import torch

@@ -17,6 +17,7 @@ not lowered again. Only the test suite sets it, to a directory that lives for on
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures.process  # BrokenProcessPool (not loaded by `import concurrent.futures` alone)
 import hashlib
 import io
 import multiprocessing
@@ -31,7 +32,7 @@ from ..fileio import atomic_write
 
 CACHE_ENV = "C2W_LOWER_CACHE"  # a directory shared by the processes of one test session
 WORKERS_ENV = "C2W_LOWER_WORKERS"  # worker processes; default: the cores this process may use
-_NAME = "method"  # every method is lowered under one name, so equal programs share a key
+_NAME = "method"  # the name a lone method is lowered under (a method's name does not change its lowering)
 
 
 def _xnnpack_partitioners() -> list:
@@ -89,22 +90,26 @@ def program_key(ep, partitioner: str) -> str:
     return h.hexdigest()
 
 
-def lower_together(programs: Mapping[str, object], partitioner: str) -> dict:
-    """{method: ExportedProgram} lowered in one ExecuTorch call -> {method: its lowered edge program
-    as exir serde bytes}. One call costs less than one per method (measured 10-20% on tiny), so this
-    process lowers what it has to lower this way."""
+def lower_together(programs: Mapping[str, object], partitioner: str):
+    """{method: ExportedProgram} lowered in one ExecuTorch call -> its EdgeProgramManager. One call
+    costs less than one per method (measured 10-20% on tiny), so this process lowers what it has to
+    lower this way."""
     from executorch.exir import to_edge, to_edge_transform_and_lower
-    from executorch.exir.serde.serialize import serialize
 
     partitioners = PARTITIONERS[partitioner]()
-    edge = (to_edge_transform_and_lower(dict(programs), partitioner=partitioners) if partitioners
+    return (to_edge_transform_and_lower(dict(programs), partitioner=partitioners) if partitioners
             else to_edge(dict(programs)))
-    return {m: serialize(edge.exported_program(m)) for m in programs}
+
+
+def _serialized(edge, method: str):
+    from executorch.exir.serde.serialize import serialize
+
+    return serialize(edge.exported_program(method))
 
 
 def lower_one(ep, partitioner: str):
     """One method's ExportedProgram -> its lowered edge program as exir serde bytes."""
-    return lower_together({_NAME: ep}, partitioner)[_NAME]
+    return _serialized(lower_together({_NAME: ep}, partitioner), _NAME)
 
 
 def _in_worker(program: bytes, partitioner: str, quiet: bool):
@@ -128,8 +133,12 @@ def _in_worker(program: bytes, partitioner: str, quiet: bool):
     return lower_one(ep, partitioner), time.perf_counter() - t
 
 
+def _cache_root() -> str | None:
+    return os.environ.get(CACHE_ENV) or None
+
+
 def _disk(key: str):
-    root = os.environ.get(CACHE_ENV)
+    root = _cache_root()
     return None if not root else os.path.join(root, f"{key}.lowered")
 
 
@@ -205,13 +214,15 @@ def lower_methods(programs: Mapping[str, object], partitioner: str,
     if rest:
         t = time.perf_counter()
         try:
-            lowered = lower_together({m: programs[m] for m in rest}, partitioner)
+            edge = lower_together({m: programs[m] for m in rest}, partitioner)
         except Exception as e:
             raise RuntimeError(f"lowering {rest} failed: {type(e).__name__}: {e}") from e
-        for m in rest:
-            arts[m] = lowered[m]
-            _store(keys[m], arts[m])
         progress(f"      lowered {', '.join(rest)} in {time.perf_counter() - t:.1f}s")
+        if len(rest) == len(programs) and not _cache_root():  # nothing to combine with, nothing to keep
+            return edge  # (serde of a real-size program alone costs tens of seconds)
+        for m in rest:
+            arts[m] = _serialized(edge, m)
+            _store(keys[m], arts[m])
     return combine({m: arts[m] for m in programs})
 
 
