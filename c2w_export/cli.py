@@ -88,14 +88,10 @@ def _err(msg: str) -> None:
 def quiet_third_party() -> None:
     """Keep torch / torchao / ExecuTorch warnings and log lines out of the terminal (-v shows
     them); our own output is printed, never warned, so none of it is hidden."""
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    warnings.filterwarnings("default", module=r"c2w_export(\.|$)")
-    for name in ("torch", "torchao", "executorch"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    from .env import quiet_libraries
     from .program import flows
+
+    quiet_libraries()
 
     flows.QUIET_NATIVE = True
 

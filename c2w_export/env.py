@@ -23,6 +23,18 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def quiet_libraries() -> None:
+    """Third-party warnings ignored (ours still shown) and the torch / torchao / ExecuTorch loggers
+    at ERROR: the CLI without -v, and the lowering worker processes it starts."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", module=r"c2w_export(\.|$)")
+    for name in ("torch", "torchao", "executorch"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def versions() -> dict[str, Any]:
     """torch, executorch (None when not installed), c2w_export and Python versions."""
     from importlib.metadata import PackageNotFoundError, version

@@ -116,12 +116,9 @@ def _in_worker(program: bytes, partitioner: str, quiet: bool):
     """Worker process: an ExportedProgram saved with torch.export.save -> (serde artifact, seconds),
     or (None, why) when it cannot be loaded here."""
     if quiet:
-        import logging
-        import warnings
+        from ..env import quiet_libraries
 
-        warnings.filterwarnings("ignore")
-        for name in ("torch", "torchao", "executorch"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+        quiet_libraries()
     torch.set_num_threads(1)
     import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401  (registers the ops a PT2E int8 program calls)
 
@@ -175,7 +172,7 @@ def _lower_in_pool(programs, misses, partitioner, n, quiet, keys, arts, progress
             for future in done:
                 m = running.pop(future)
                 try:
-                    art, seconds = future.result()
+                    art, took = future.result()  # (artifact, seconds), or (None, why it could not load)
                 except concurrent.futures.process.BrokenProcessPool:
                     raise
                 except Exception as e:
@@ -184,11 +181,11 @@ def _lower_in_pool(programs, misses, partitioner, n, quiet, keys, arts, progress
                     nxt = todo.pop(0)
                     running[submit(pool, nxt)] = nxt
                 if art is None:  # left to the parent (arts[m] stays None)
-                    progress(f"      {m}: a worker could not load it ({seconds}); lowering it in this process")
+                    progress(f"      {m}: a worker could not load it ({took}); lowering it in this process")
                     continue
                 arts[m] = art
                 _store(keys[m], art)
-                progress(f"      lowered {m} in {seconds:.1f}s (worker)")
+                progress(f"      lowered {m} in {took:.1f}s (worker)")
 
 
 def lower_methods(programs: Mapping[str, object], partitioner: str,

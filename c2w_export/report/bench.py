@@ -37,11 +37,20 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
              f"{machine.get('cpu', {}).get('count', '?')} cores, {platform.system()} {platform.release()}. "
              f"torch {v['torch']}, executorch {v['executorch']}, c2w_export {v['c2w_export']}, Python {v['python']}. "
              f"Ramp {extra.get('ramp')}, context {extra.get('context')}.", "",
-             "Absolute times drift on a shared 2-core machine; compare the ratios within this run.", "",
-             "## Latency per call", "",
-             "| flow | variant | chunk | median ms | IQR ms | RTF per call | GFLOP/s (eager) | bytes | export s | lower s "
-             "| graph nodes | partitions | ops outside the delegate |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Absolute times drift on a shared 2-core machine; compare the ratios within this run.", ""]
+    peaks = {p["runtime"]: p for p in extra.get("peaks", [])}
+    peak = max((p["gflop_s"] for p in peaks.values()), default=None)
+    lines += ["## fp32 GEMM peak (this run)", "",
+              "One [1024, 1024] @ [1024, 1024] fp32 matmul, median of 9 calls (report/peak.py). \"% peak\" below is "
+              "a share of the faster of the two.", "",
+              "| runtime | GFLOP/s | ms per call |", "|---|---|---|"]
+    lines += [f"| {r} | {p['gflop_s']:.3g} | {p['median_ms']:.2f} |" for r, p in sorted(peaks.items())] or ["| - | - | - |"]
+    share = lambda g: "-" if g is None or not peak else f"{100 * g / peak:.0f}%"
+    lines += ["", "## Latency per call", "",
+              "GFLOP/s: the eager call's FLOPs (FlopCounterMode) over this flow's median latency.", "",
+              "| flow | variant | chunk | median ms | IQR ms | RTF per call | GFLOP/s | % peak | bytes | export s | lower s "
+              "| graph nodes | partitions | ops outside the delegate |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     flops = {(f["variant"], f["chunk"]): f for f in extra.get("flops", [])}
     progs = {(p["flow"], p["variant"], p["chunk"]): p for p in extra.get("programs", [])}
     for c in sorted((c for c in calls if c.get("kind") == "call"), key=lambda c: (c["flow"], c["variant"], c["chunk"])):
@@ -49,7 +58,7 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
         p = progs.get((c["flow"], c["variant"], c["chunk"]), {})
         gflops = f["gflop_per_call"] / c["median_s"] if f else None
         lines.append(f"| {c['flow']} | {c['variant']} | {c['chunk']} | {c['median_s'] * 1e3:.2f} | {c['iqr_s'] * 1e3:.2f} | "
-                     f"{c['median_s'] / (c['chunk'] * hop_s):.3f} | {_fmt(gflops)} | {p.get('bytes', '-')} | "
+                     f"{c['median_s'] / (c['chunk'] * hop_s):.3f} | {_fmt(gflops)} | {share(gflops)} | {p.get('bytes', '-')} | "
                      f"{_fmt(p.get('export_s'), '.1f')} | {_fmt(p.get('lower_s'), '.1f')} | {p.get('nodes') or '-'} | "
                      f"{(p.get('delegation') or {}).get('partitions', '-')} | "
                      f"{(p.get('delegation') or {}).get('outside_ops', '-')} |")
@@ -86,11 +95,11 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
     lines += ["", "Ratios within this run:", "", *ratios]
     lines += ["", "## FLOPs per second of audio (FlopCounterMode)", "",
               f"Offline decode: {_fmt(extra.get('offline_gflop_per_audio_s'))} GFLOP per second of audio.", "",
-              "| variant | chunk | GFLOP / audio s | x offline | achieved GFLOP/s (eager) |", "|---|---|---|---|---|"]
+              "| variant | chunk | GFLOP / audio s | x offline | achieved GFLOP/s (eager) | % peak |", "|---|---|---|---|---|---|"]
     off = extra.get("offline_gflop_per_audio_s") or math.nan
     for f in sorted(extra.get("flops", []), key=lambda f: (f["variant"], f["chunk"])):
         lines.append(f"| {f['variant']} | {f['chunk']} | {f['gflop_per_audio_s']:.3g} | {f['gflop_per_audio_s'] / off:.2f} | "
-                     f"{f['achieved_gflop_s']:.3g} |")
+                     f"{f['achieved_gflop_s']:.3g} | {share(f['achieved_gflop_s'])} |")
     lines += ["", "## Memory and cold start (fresh process per artifact)", "",
               "Base: RSS with torch/executorch imported; after load: RSS with the artifact and its method loaded; "
               "peak: VmHWM after 4 calls. Load: opening the file and loading the method (cold start); first call: "

@@ -19,7 +19,7 @@ EXTRA: dict = {}
 @pytest.fixture(scope="session")
 def bench_extra(preset_name, ramp, context):
     EXTRA.update({"session": SESSION, "config": preset_name, "ramp": ramp, "context": context, "programs": [],
-                  "streams": [], "flops": [], "rss": [], "context_study": [], "schedules": [], "profiles": [],
+                  "streams": [], "flops": [], "rss": [], "context_study": [], "schedules": [], "profiles": [], "peaks": [],
                   "offline_gflop_per_audio_s": None})
     return EXTRA
 

@@ -170,6 +170,15 @@ def test_peak_rss(benchmark, programs, flow_name, variant, ramp, tmp_path, bench
     bench_extra["rss"].append({"flow": flow_name, "variant": variant, "chunk": ramp[-1], **rss})
 
 
+@pytest.mark.parametrize("runtime", ["torch", "xnnpack"])
+def test_gemm_peak(runtime, bench_extra):
+    """The machine's fp32 GEMM peak in this run, through eager's kernels and XNNPACK's: the report
+    puts every achieved GFLOP/s beside it."""
+    from c2w_export.report.peak import gemm_peak
+
+    bench_extra["peaks"].append(gemm_peak(runtime))
+
+
 def test_context_study(benchmark, decoder, ramp, bench_extra):
     """Windowed stream vs offline for left context in {0, 8, 25, 48, 72, 144}: the start (the
     first `context` frames, windows short of history) and the steady state (after 144 frames)."""
