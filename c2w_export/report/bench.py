@@ -41,10 +41,12 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
     peaks = {p["runtime"]: p for p in extra.get("peaks", [])}
     peak = max((p["gflop_s"] for p in peaks.values()), default=None)
     lines += ["## fp32 GEMM peak (this run)", "",
-              "One [1024, 1024] @ [1024, 1024] fp32 matmul, median of 9 calls (report/peak.py). \"% peak\" below is "
-              "a share of the faster of the two.", "",
-              "| runtime | GFLOP/s | ms per call |", "|---|---|---|"]
-    lines += [f"| {r} | {p['gflop_s']:.3g} | {p['median_ms']:.2f} |" for r, p in sorted(peaks.items())] or ["| - | - | - |"]
+              "One [n, n] @ [n, n] fp32 matmul at n = 512, 1024 and 2048, the fastest of 5 calls at each; the peak is "
+              "the best size (report/peak.py). \"% peak\" below is a share of the faster of the two runtimes.", "",
+              "| runtime | peak GFLOP/s | at n | ms per call | GFLOP/s by n |", "|---|---|---|---|---|"]
+    lines += [f"| {r} | {p['gflop_s']:.3g} | {p['n']} | {p['ms']:.2f} | "
+              + ", ".join(f"{n}: {g:.3g}" for n, g in sorted(p["by_size"].items(), key=lambda kv: int(kv[0]))) + " |"
+              for r, p in sorted(peaks.items())] or ["| - | - | - | - | - |"]
     share = lambda g: "-" if g is None or not peak else f"{100 * g / peak:.0f}%"
     lines += ["", "## Latency per call", "",
               "GFLOP/s: the eager call's FLOPs (FlopCounterMode) over this flow's median latency.", "",
