@@ -102,16 +102,22 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
     for f in sorted(extra.get("flops", []), key=lambda f: (f["variant"], f["chunk"])):
         lines.append(f"| {f['variant']} | {f['chunk']} | {f['gflop_per_audio_s']:.3g} | {f['gflop_per_audio_s'] / off:.2f} | "
                      f"{f['achieved_gflop_s']:.3g} | {share(f['achieved_gflop_s'])} |")
-    lines += ["", "## Memory and cold start (fresh process per artifact)", "",
-              "Base: RSS with torch/executorch imported; after load: RSS with the artifact and its method loaded; "
-              "peak: VmHWM after 4 calls. Load: opening the file and loading the method (cold start); first call: "
-              "the first call after it (warm).", "",
-              "| flow | variant | chunk | base RSS MB | RSS after load MB | peak RSS running MB | load ms | first call ms |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "## Memory and cold start (fresh process per artifact, report/memory.py)", "",
+              "Base: RSS with torch and the flow's runtime imported. Load: opening the file and loading the method "
+              "(cold start; XNNPACK packs the weights); its peak is the kernel's VmHWM. After load: what stays, "
+              "anonymous (private: packed weights, buffers) + file-backed (mapped files: the libraries, the artifact). Running: "
+              "VmHWM over 4 calls, reset after loading. \"x file\": (peak - base) / the artifact's size (nearly all "
+              "weights). First call: the first call after loading.", "",
+              "| flow | variant | chunk | file MiB | base RSS MiB | load peak MiB | x file | after load MiB (anon + file) "
+              "| running peak MiB | x file | load ms | first call ms |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(extra.get("rss", []), key=lambda r: (r["flow"], r["variant"])):
-        lines.append(f"| {r['flow']} | {r['variant']} | {r['chunk']} | {r['base_kb'] / 1024:.0f} | {r['load_kb'] / 1024:.0f} | "
-                     f"{r['run_kb'] / 1024:.0f} | {_fmt(r.get('load_s') and r['load_s'] * 1e3, '.1f')} | "
-                     f"{_fmt(r.get('first_call_s') and r['first_call_s'] * 1e3, '.1f')} |")
+        mb = lambda kb: f"{kb / 1024:.0f}"
+        scale = lambda kb: f"{(kb - r['base_kb']) * 1024 / r['file_bytes']:.2f}"
+        lines.append(f"| {r['flow']} | {r['variant']} | {r['chunk']} | {r['file_bytes'] / 2**20:.1f} | {mb(r['base_kb'])} | "
+                     f"{mb(r['load_peak_kb'])} | {scale(r['load_peak_kb'])} | {mb(r['load_kb'])} ({mb(r['load_anon_kb'])} + "
+                     f"{mb(r['load_file_kb'])}) | {mb(r['run_peak_kb'])} | {scale(r['run_peak_kb'])} | "
+                     f"{r['load_s'] * 1e3:.1f} | {r['first_call_s'] * 1e3:.1f} |")
     lines += ["", "## Where the time goes (ETDump, per method call)", "",
               "From the runtime's own trace (`c2w-export profile` prints the full table for shipped artifacts): the "
               "method's total, the time inside the delegate and in portable kernels outside it (op calls in "

@@ -127,47 +127,22 @@ def test_flops(benchmark, decoder, variant, chunk, context, bench_extra):
                                  "achieved_gflop_s": call_flops / 1e9 / benchmark.stats.stats.median})
 
 
-RSS_SCRIPT = """
-import json, sys, time, torch
-from pathlib import Path
-from c2w_export.program.flows import get_flow
-
-def status(key):  # kB, from the kernel: VmRSS now, VmHWM peak
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-
-flow, path, method = sys.argv[1], sys.argv[2], sys.argv[3]
-inputs = torch.load(sys.argv[4])
-base = status("VmRSS")
-t0 = time.perf_counter()
-loaded = get_flow(flow).open({method: Path(path)})
-loaded.preload([method])
-load_s = time.perf_counter() - t0
-after_load = status("VmRSS")
-t0 = time.perf_counter()
-loaded.run(method, inputs)
-first_s = time.perf_counter() - t0
-for _ in range(3):
-    loaded.run(method, inputs)
-print(json.dumps({"base_kb": base, "load_kb": after_load, "run_kb": status("VmHWM"), "load_s": load_s, "first_call_s": first_s}))
-"""
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_peak_rss(benchmark, programs, flow_name, variant, ramp, tmp_path, bench_extra):
-    """RSS after loading each artifact and peak RSS while running it, in a fresh process (base: torch imported)."""
+    """Memory of loading each artifact and of running it, in a fresh process (report/memory.py); the
+    artifact's file size (nearly all weights) puts it in scale."""
     if flow_name == "eager":
         pytest.skip("eager has no artifact to load")
     results, _ = programs.get(flow_name, variant)
     r = results[method_name(variant, ramp[-1])]
     torch.save(list(example_inputs(r.module)), tmp_path / "inputs.pt")
-    args = [sys.executable, "-c", RSS_SCRIPT, flow_name, str(r.path), r.spec.method, str(tmp_path / "inputs.pt")]
+    args = [sys.executable, "-m", "c2w_export.report.memory", flow_name, str(r.path), r.spec.method, str(tmp_path / "inputs.pt")]
     benchmark.group = "rss"
     benchmark.extra_info.update({"flow": flow_name, "variant": variant, "kind": "rss"})
     out = benchmark.pedantic(lambda: subprocess.run(args, capture_output=True, text=True, check=True), rounds=1, iterations=1)
     rss = json.loads(out.stdout.strip().splitlines()[-1])
-    bench_extra["rss"].append({"flow": flow_name, "variant": variant, "chunk": ramp[-1], **rss})
+    bench_extra["rss"].append({"flow": flow_name, "variant": variant, "chunk": ramp[-1],
+                               "file_bytes": r.path.stat().st_size, **rss})
 
 
 @pytest.mark.parametrize("runtime", ["torch", "xnnpack"])
