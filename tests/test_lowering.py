@@ -4,6 +4,7 @@ cache; a cache key that changes with anything that changes the program; and what
 worker processes cannot be used."""
 
 import concurrent.futures.process
+import os
 
 import pytest
 import torch
@@ -130,3 +131,55 @@ def test_workers_never_outnumber_the_methods(monkeypatch):
     assert [lowering.workers_for(n) for n in (1, 2, 12)] == [1, 2, 8]
     monkeypatch.delenv(lowering.WORKERS_ENV)
     assert lowering.workers_for(1) == 1 and lowering.workers_for(64) == lowering.cores()
+
+
+def test_workers_fit_in_memory(monkeypatch):
+    """Without C2W_LOWER_WORKERS, no more workers than memory holds (each ~12x its program's weights,
+    beside ~2x per method the parent gathers): the real-size case that ran out of memory gets 1."""
+    monkeypatch.delenv(lowering.WORKERS_ENV, raising=False)
+    monkeypatch.setattr(lowering, "cores", lambda: 2)
+    real, gib = 457_000_000, 2**30
+    assert lowering.workers_for(6, real, available=13 * gib) == 1  # measured: 2 workers + parent > 24 GiB
+    assert lowering.workers_for(6, real, available=20 * gib) == 2
+    assert lowering.workers_for(6, 2_000_000, available=1 * gib) == 2  # tiny programs: the cores
+    monkeypatch.setenv(lowering.WORKERS_ENV, "2")  # an explicit count is obeyed
+    assert lowering.workers_for(6, real, available=1 * gib) == 2
+
+
+def test_program_bytes_counts_weights_and_constants():
+    ep = torch.export.export(torch.nn.Linear(8, 4), (torch.randn(1, 8),))
+    assert lowering.program_bytes(ep) == (8 * 4 + 4) * 4
+
+
+ORPHAN_SCRIPT = """
+import concurrent.futures, multiprocessing, os, sys, time
+from c2w_export.program.lowering import _die_with_parent
+if __name__ == "__main__":
+    pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                                  initializer=_die_with_parent)
+    print(pool.submit(os.getpid).result(), flush=True)
+    pool.submit(time.sleep, 60)
+    time.sleep(0.5)
+    os.kill(os.getpid(), 9)  # the parent dies as the OOM killer kills it
+"""
+
+
+def test_lowering_workers_die_with_their_parent(tmp_path):
+    """A killed run leaves no lowering worker behind (one left two 5 GB orphans at real size)."""
+    import subprocess
+    import sys
+    import time
+
+    script, out = tmp_path / "orphan.py", tmp_path / "out.txt"
+    script.write_text(ORPHAN_SCRIPT)
+    with out.open("w") as f:
+        subprocess.run([sys.executable, str(script)], stdout=f, stderr=subprocess.DEVNULL, timeout=120)
+    worker = int(out.read_text().split()[0])
+    for _ in range(50):
+        if not os.path.exists(f"/proc/{worker}"):
+            break
+        time.sleep(0.1)
+    alive = os.path.exists(f"/proc/{worker}")
+    if alive:
+        os.kill(worker, 9)
+    assert not alive, f"lowering worker {worker} outlived its killed parent"

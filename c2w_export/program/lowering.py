@@ -1,8 +1,9 @@
 """Lowering to one ExecuTorch program, a method at a time.
 
 Each method's ExportedProgram is lowered on its own (`to_edge_transform_and_lower`, or `to_edge`
-for portable kernels) in parallel worker processes when more than one method needs it and more
-than one core is free; else all of them in one call in this process. A lowered method travels
+for portable kernels) in parallel worker processes when more than one method needs it, more
+than one core is free and memory holds the workers (a worker dies with its parent); else all of
+them in one call in this process. A lowered method travels
 between processes (and into the cache) as exir serde bytes, and the methods are combined into one
 multi-method program (XNNPACK names each weight by the hash of its
 bytes, so methods still share them). The result is the same .pte, byte for byte, as lowering every
@@ -52,8 +53,36 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def workers_for(misses: int) -> int:
-    """Worker processes for `misses` methods to lower: C2W_LOWER_WORKERS, else the free cores."""
+# Memory a worker needs, per byte of the program it lowers. Measured at real size (a 457 MB windowed
+# method): 5.2 GB resident per worker, ~11.4x. Two such workers beside a test session's parent
+# (15.7 GB) ran a 24 GiB machine out of memory (tox -e bench-real, 2026-12-04).
+WORKER_BYTES_PER_PROGRAM_BYTE = 12
+# What the parent adds per lowered method it gathers (its serde bytes, then the combined program).
+PARENT_BYTES_PER_PROGRAM_BYTE = 2
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def program_bytes(ep) -> int:
+    """Bytes of an ExportedProgram's weights and constants (what lowering copies)."""
+    return sum(t.numel() * t.element_size() for t in {**ep.state_dict, **ep.constants}.values()
+               if isinstance(t, torch.Tensor))
+
+
+def workers_for(misses: int, size: int = 0, available: int | None = None) -> int:
+    """Worker processes for `misses` methods of up to `size` weight bytes each: C2W_LOWER_WORKERS,
+    else the free cores, as many as `available` bytes of memory (default: MemAvailable) hold beside
+    what the parent gathers. 1 means: lower in this process."""
     want = os.environ.get(WORKERS_ENV)
     if want is not None:
         try:
@@ -62,9 +91,25 @@ def workers_for(misses: int) -> int:
             raise ValueError(f"{WORKERS_ENV} must be an integer, got {want!r}") from None
         if n < 1:
             raise ValueError(f"{WORKERS_ENV} must be >= 1, got {n}")
-    else:
-        n = cores()
-    return max(1, min(n, misses))
+        return max(1, min(n, misses))
+    n = min(cores(), misses)
+    available = available_memory() if available is None else available
+    if size and available is not None:
+        spare = available - misses * size * PARENT_BYTES_PER_PROGRAM_BYTE
+        n = min(n, spare // (size * WORKER_BYTES_PER_PROGRAM_BYTE))
+    return max(1, n)
+
+
+def _die_with_parent() -> None:
+    """Worker initializer: the kernel kills this worker when its parent dies (Linux), so a killed
+    run (OOM, ^C, a CI timeout) leaves no orphan holding gigabytes."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux/glibc: orphans end when their task queue closes
+        pass
 
 
 def program_key(ep, partitioner: str) -> str:
@@ -164,7 +209,8 @@ def _lower_in_pool(programs, misses, partitioner, n, quiet, keys, arts, progress
         return pool.submit(_in_worker, buf.getvalue(), partitioner, quiet)
 
     todo = list(misses)
-    with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=_die_with_parent) as pool:
         running = {submit(pool, m): m for m in todo[:n]}
         todo = todo[n:]
         while running:
@@ -199,7 +245,11 @@ def lower_methods(programs: Mapping[str, object], partitioner: str,
     misses = [m for m, a in arts.items() if a is None]
     if len(misses) < len(programs):
         progress(f"      lowering: {len(programs) - len(misses)} of {len(programs)} method(s) lowered before (same program)")
-    n = workers_for(len(misses)) if misses else 0
+    size = max((program_bytes(programs[m]) for m in misses), default=0)
+    n = workers_for(len(misses), size) if misses else 0
+    if misses and n < workers_for(len(misses)):
+        progress(f"      lowering in {n} process(es), not {workers_for(len(misses))}: memory "
+                 f"({(available_memory() or 0) / 2**30:.1f} GiB available, ~{size * WORKER_BYTES_PER_PROGRAM_BYTE / 2**30:.1f} GiB per worker)")
     if n > 1:
         progress(f"      lowering {len(misses)} method(s) in {n} worker processes")
         try:
