@@ -152,11 +152,10 @@ def test_program_bytes_counts_weights_and_constants():
 
 
 ORPHAN_SCRIPT = """
-import concurrent.futures, multiprocessing, os, sys, time
-from c2w_export.program.lowering import _die_with_parent
+import os, time
+from c2w_export.program.lowering import worker_pool
 if __name__ == "__main__":
-    pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                                  initializer=_die_with_parent)
+    pool = worker_pool(1)  # the pool the lowering uses
     print(pool.submit(os.getpid).result(), flush=True)
     pool.submit(time.sleep, 60)
     time.sleep(0.5)

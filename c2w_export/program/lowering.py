@@ -93,7 +93,8 @@ def workers_for(misses: int, size: int = 0, available: int | None = None) -> int
             raise ValueError(f"{WORKERS_ENV} must be >= 1, got {n}")
         return max(1, min(n, misses))
     n = min(cores(), misses)
-    available = available_memory() if available is None else available
+    if size and available is None:
+        available = available_memory()
     if size and available is not None:
         spare = available - misses * size * PARENT_BYTES_PER_PROGRAM_BYTE
         n = min(n, spare // (size * WORKER_BYTES_PER_PROGRAM_BYTE))
@@ -110,6 +111,12 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux/glibc: orphans end when their task queue closes
         pass
+
+
+def worker_pool(n: int) -> concurrent.futures.ProcessPoolExecutor:
+    """`n` spawned lowering workers (spawn: no copy of the parent's gigabytes), each dying with its parent."""
+    return concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
+                                                  initializer=_die_with_parent)
 
 
 def program_key(ep, partitioner: str) -> str:
@@ -209,8 +216,7 @@ def _lower_in_pool(programs, misses, partitioner, n, quiet, keys, arts, progress
         return pool.submit(_in_worker, buf.getvalue(), partitioner, quiet)
 
     todo = list(misses)
-    with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
-                                                initializer=_die_with_parent) as pool:
+    with worker_pool(n) as pool:
         running = {submit(pool, m): m for m in todo[:n]}
         todo = todo[n:]
         while running:
@@ -245,11 +251,13 @@ def lower_methods(programs: Mapping[str, object], partitioner: str,
     misses = [m for m, a in arts.items() if a is None]
     if len(misses) < len(programs):
         progress(f"      lowering: {len(programs) - len(misses)} of {len(programs)} method(s) lowered before (same program)")
-    size = max((program_bytes(programs[m]) for m in misses), default=0)
-    n = workers_for(len(misses), size) if misses else 0
-    if misses and n < workers_for(len(misses)):
-        progress(f"      lowering in {n} process(es), not {workers_for(len(misses))}: memory "
-                 f"({(available_memory() or 0) / 2**30:.1f} GiB available, ~{size * WORKER_BYTES_PER_PROGRAM_BYTE / 2**30:.1f} GiB per worker)")
+    n = 0
+    if misses:
+        size, available = max(program_bytes(programs[m]) for m in misses), available_memory()
+        n, by_cores = workers_for(len(misses), size, available), workers_for(len(misses))
+        if n < by_cores:
+            progress(f"      lowering in {n} process(es), not {by_cores}: memory ({available / 2**30:.1f} GiB "
+                     f"available, ~{size * WORKER_BYTES_PER_PROGRAM_BYTE / 2**30:.1f} GiB per worker)")
     if n > 1:
         progress(f"      lowering {len(misses)} method(s) in {n} worker processes")
         try:

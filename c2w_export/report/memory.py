@@ -2,8 +2,8 @@
 loading (opening the file and the method: XNNPACK packs the weights) and running. The kernel's peak
 (VmHWM) is reset between the phases (/proc/self/clear_refs), so the running peak does not hide a
 load-time transient, and resident memory is split into anonymous (private: packed weights,
-activations) and file-backed (pages of the mapped .pte: clean, the kernel can drop them once
-unmapped). Usage, in a fresh process: python -m c2w_export.report.memory FLOW PTE METHOD INPUTS.pt"""
+activations) and file-backed (mapped files: the libraries and the .pte's pages, clean, which the
+kernel can drop once unmapped). Usage, in a fresh process: python -m c2w_export.report.memory FLOW PTE METHOD INPUTS.pt"""
 
 from __future__ import annotations
 
