@@ -4,12 +4,14 @@ cache; a cache key that changes with anything that changes the program; and what
 worker processes cannot be used."""
 
 import concurrent.futures.process
+import operator
 import os
 
 import pytest
 import torch
 
 from c2w_export.program import lowering
+from c2w_export.program.flows import delegation, op_name
 from c2w_export.program.prepare import prepare
 from c2w_export.program.variants import example_inputs, make_variant
 from helpers import cases
@@ -36,8 +38,9 @@ def _whole(programs, partitioner):
     """Every method in one ExecuTorch call: what Lower did before lowering.py."""
     from executorch.exir import to_edge, to_edge_transform_and_lower
 
-    parts = lowering.PARTITIONERS[partitioner]()
-    edge = to_edge_transform_and_lower(dict(programs), partitioner=parts) if parts else to_edge(dict(programs))
+    parts, passes = lowering.PARTITIONERS[partitioner](), [lowering.fold_constants()]
+    edge = (to_edge_transform_and_lower(dict(programs), transform_passes=passes, partitioner=parts) if parts
+            else to_edge(dict(programs)).transform(passes))
     return edge.to_executorch().buffer
 
 
@@ -146,6 +149,28 @@ def test_workers_fit_in_memory(monkeypatch):
     assert lowering.workers_for(6, real, available=1 * gib) == 2
 
 
+def test_this_process_lowers_no_more_at_once_than_memory_holds():
+    """Lowering here (one worker's worth of memory, or no cores to spare): all methods in one call
+    when they fit, else as many as fit. Six real-size methods in one call took tox -e bench-real's
+    session past 24 GiB."""
+    real, gib = 457_000_000, 2**30
+    assert lowering.together_for(6, real, available=20 * gib) == 2
+    assert lowering.together_for(6, real, available=8 * gib) == 1  # never fewer than one
+    assert lowering.together_for(6, 2_000_000, available=1 * gib) == 6  # tiny programs: one call
+    assert lowering.together_for(6, real, available=None) == 6  # unknown memory: as before
+
+
+def test_lowering_a_method_at_a_time_here_gives_the_same_bytes(two, monkeypatch):
+    """Memory for one method at a time (and no worker processes): each lowered alone in this
+    process, combined, against the whole call."""
+    monkeypatch.setenv(lowering.WORKERS_ENV, "1")
+    monkeypatch.setattr(lowering, "together_for", lambda methods, size=0, available=None: 1)
+    lines = []
+    assert lowering.lower_methods(two, "portable", lines.append).to_executorch().buffer == _whole(two, "portable")
+    assert [line.split(" in ")[0].strip() for line in lines if line.strip().startswith("lowered")] == \
+        ["lowered chunk_1", "lowered stateful_chunk_1"], lines
+
+
 def test_program_bytes_counts_weights_and_constants():
     ep = torch.export.export(torch.nn.Linear(8, 4), (torch.randn(1, 8),))
     assert lowering.program_bytes(ep) == (8 * 4 + 4) * 4
@@ -182,3 +207,65 @@ def test_lowering_workers_die_with_their_parent(tmp_path):
     if alive:
         os.kill(worker, 9)
     assert not alive, f"lowering worker {worker} outlived its killed parent"
+
+
+# ---------------------------------------------------------------- constants folded at lowering
+FOLDED_BY_DESIGN = {"full"}  # constant_prop_pass leaves fills alone (a big fill would bloat the file); ours are 0-d
+
+
+def constant_only_outside(ep) -> list[str]:
+    """The ops of a lowered program outside the delegate whose every input is a constant (a weight,
+    buffer, lifted constant or literal): work each call would redo for the same result."""
+    live, found = {n for n in ep.graph.nodes if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs}, []
+    for n in ep.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if any(a in live for a in n.all_input_nodes):
+            live.add(n)
+            continue
+        name = op_name(n)
+        if n.target is not operator.getitem and name != "executorch_call_delegate" and name not in FOLDED_BY_DESIGN:
+            found.append(name)
+    return found
+
+
+class _PositionsMask(torch.nn.Module):
+    """x [1, 8] + a mask from positions alone: what a windowed program's mask and RoPE tables are."""
+
+    def forward(self, x):
+        return x + (torch.arange(x.shape[-1]) < 4).to(x.dtype)
+
+
+def _no_fold():
+    from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
+
+    class Nothing(ExportedProgramPassBase):
+        def call(self, ep):
+            return ExportedProgramPassResult(ep, False)
+
+    return Nothing()
+
+
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "without-the-pass"])
+def test_lowering_folds_what_depends_on_constants_only(monkeypatch, fold):
+    """Positions and masks built from constants run once, at lowering; without the pass they stay
+    as int64/bool ops outside the delegate on every call (and this check finds them)."""
+    if not fold:
+        monkeypatch.setattr(lowering, "fold_constants", _no_fold)
+    x = torch.randn(1, 8)
+    edge = lowering.lower_together({"forward": torch.export.export(_PositionsMask(), (x,))}, "xnnpack")
+    found = constant_only_outside(edge.exported_program("forward"))
+    assert (found == []) == fold, found
+    if not fold:
+        assert {"arange", "lt"} <= set(found), found
+
+
+def test_windowed_program_recomputes_no_constant_and_expands_nothing_outside_the_delegate(two):
+    """The tiny windowed program: nothing outside the delegate depends on constants alone (its
+    positions, sliding-window mask and RoPE tables are folded), and the frame masks are broadcast,
+    not materialized: no expand_copy or repeat runs on portable kernels (20 expand_copy took ~5 of
+    a tiny windowed call's ~21 ms before)."""
+    ep = lowering.lower_together({"chunk_1": two["chunk_1"]}, "xnnpack").exported_program("chunk_1")
+    assert constant_only_outside(ep) == []
+    outside = delegation(ep.graph)["outside"]
+    assert not {"expand_copy", "repeat"} & set(outside), outside

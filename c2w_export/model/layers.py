@@ -94,7 +94,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Te
     groups = h // kv
     q = q.reshape(b * kv, groups * tq, d)  # 3-D batched matmuls: no broadcasting expands in the graph
     k, v = k.reshape(b * kv, -1, d), v.reshape(b * kv, -1, d)
-    scores = torch.bmm(q, k.transpose(1, 2)) * scale + (bias.repeat(groups, 1) if groups > 1 else bias)
+    scores = torch.bmm(q, k.transpose(1, 2)) * scale  # [B * Hkv, G * Tq, Tk]
+    tk = scores.shape[-1]
+    # the mask broadcast over the G heads of a view (a repeat would run outside the XNNPACK delegate)
+    scores = scores + bias if groups == 1 else (scores.view(b * kv, groups, tq, tk) + bias).view(b * kv, groups * tq, tk)
     weights = torch.softmax(scores.to(torch.promote_types(q.dtype, torch.float32)), dim=-1).to(q.dtype)
     return torch.bmm(weights, v).reshape(b, h, tq, d)
 
@@ -129,15 +132,17 @@ def causal_conv_transpose1d(x: Tensor, carry: Tensor | None, weight: Tensor, bia
     return y, full[..., n:]
 
 
-def keep_samples(keep: Tensor, n: int) -> Tensor:
-    """Per-frame keep [1, 1, T] -> per-sample [1, 1, n] at n = T * rate samples."""
-    t = keep.shape[-1]
-    return keep if n == t else keep[..., None].expand(1, 1, t, n // t).reshape(1, 1, n)
-
-
 def drop_absent(x: Tensor, keep: Tensor | None) -> Tensor:
-    """x [B, C, n] with the samples of absent frames zeroed (keep None: all frames present)."""
-    return x if keep is None else x * keep_samples(keep, x.shape[-1])
+    """x [B, C, n] with the samples of absent frames zeroed (keep [1, 1, T] with n = T * rate, or
+    None: all frames present). A broadcast multiply over the view [B, C, T, rate]: no per-sample
+    mask is materialized (an expand_copy each, which runs outside the XNNPACK delegate)."""
+    if keep is None:
+        return x
+    b, c, n = x.shape
+    t = keep.shape[-1]
+    if n == t:
+        return x * keep
+    return (x.reshape(b, c, t, n // t) * keep[..., None]).reshape(b, c, n)
 
 
 # ---------------------------------------------------------------- thin modules

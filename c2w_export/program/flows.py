@@ -201,6 +201,17 @@ class Export(Stage):
         return ModuleLoaded({m: ep.module() for m, ep in programs.items()})
 
 
+def op_name(node) -> str:
+    """A graph node's operator without namespace and overload: "add" for aten::add.Tensor (edge ops
+    wrap their aten overload), "executorch_call_delegate" for a delegate call."""
+    name = getattr(node.target, "__name__", str(node.target))
+    if name == "executorch_call_delegate":
+        return name
+    target = getattr(node.target, "_op", node.target)
+    full = target.name() if callable(getattr(target, "name", None)) else str(target)  # "aten::add.Tensor"
+    return full.split("::")[-1].split(".")[0]
+
+
 def delegation(graph) -> dict:
     """Delegation coverage of a lowered graph: how many delegate calls (partitions) it makes and
     which operators stay outside them (portable kernels), with counts."""
@@ -208,13 +219,10 @@ def delegation(graph) -> dict:
     for n in graph.nodes:
         if n.op != "call_function" or n.target is operator.getitem:
             continue
-        name = getattr(n.target, "__name__", str(n.target))
-        if name == "executorch_call_delegate":
+        op = op_name(n)
+        if op == "executorch_call_delegate":
             partitions += 1
             continue
-        target = getattr(n.target, "_op", n.target)  # an edge op wraps its aten overload
-        full = target.name() if callable(getattr(target, "name", None)) else str(target)  # "aten::add.Tensor"
-        op = full.split("::")[-1].split(".")[0]
         outside[op] = outside.get(op, 0) + 1
     return {"partitions": partitions, "outside_ops": sum(outside.values()),
             "outside": dict(sorted(outside.items(), key=lambda kv: (-kv[1], kv[0])))}

@@ -7,7 +7,8 @@ them in one call in this process. A lowered method travels
 between processes (and into the cache) as exir serde bytes, and the methods are combined into one
 multi-method program (XNNPACK names each weight by the hash of its
 bytes, so methods still share them). The result is the same .pte, byte for byte, as lowering every
-method in one call (tests/test_lowering.py).
+method in one call (tests/test_lowering.py). Before partitioning, what depends on constants
+alone is computed once and stored (fold_constants).
 
 With C2W_LOWER_CACHE naming a directory, a method whose exported program (graph, shapes, metadata,
 weights) was lowered before with the same partitioner, by any process sharing that directory, is
@@ -101,6 +102,16 @@ def workers_for(misses: int, size: int = 0, available: int | None = None) -> int
     return max(1, n)
 
 
+def together_for(methods: int, size: int = 0, available: int | None = None) -> int:
+    """How many of `methods` methods of up to `size` weight bytes this process lowers in one call:
+    all of them (one call costs less), or as many as `available` bytes hold at a worker's ~12x
+    each (one call lowering 6 real-size methods took a test session past 24 GiB)."""
+    if not size or available is None:
+        return methods
+    spare = available - methods * size * PARENT_BYTES_PER_PROGRAM_BYTE
+    return max(1, min(methods, spare // (size * WORKER_BYTES_PER_PROGRAM_BYTE)))
+
+
 def _die_with_parent() -> None:
     """Worker initializer: the kernel kills this worker when its parent dies (Linux), so a killed
     run (OOM, ^C, a CI timeout) leaves no orphan holding gigabytes."""
@@ -148,9 +159,26 @@ def lower_together(programs: Mapping[str, object], partitioner: str):
     lower this way."""
     from executorch.exir import to_edge, to_edge_transform_and_lower
 
-    partitioners = PARTITIONERS[partitioner]()
-    return (to_edge_transform_and_lower(dict(programs), partitioner=partitioners) if partitioners
-            else to_edge(dict(programs)))
+    partitioners, passes = PARTITIONERS[partitioner](), [fold_constants()]
+    return (to_edge_transform_and_lower(dict(programs), transform_passes=passes, partitioner=partitioners)
+            if partitioners else to_edge(dict(programs)).transform(passes))
+
+
+def fold_constants():
+    """An edge-program pass, run before partitioning: ExecuTorch's constant_prop_pass computes once,
+    at lowering, every node whose inputs are all constants, and stores the result. Without it a
+    windowed program rebuilds its positions, sliding-window mask and RoPE tables on every call,
+    outside the delegate (int64 and bool ops); quantize/dequantize nodes are left alone."""
+    from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
+    from executorch.exir.passes.constant_prop_pass import constant_prop_pass
+
+    class FoldConstants(ExportedProgramPassBase):
+        def call(self, ep):
+            before = len(ep.graph.nodes)
+            ep = constant_prop_pass(ep)
+            return ExportedProgramPassResult(ep, len(ep.graph.nodes) != before)
+
+    return FoldConstants()
 
 
 def _serialized(edge, method: str):
@@ -244,14 +272,14 @@ def lower_methods(programs: Mapping[str, object], partitioner: str,
                   progress: Callable[[str], None] = lambda s: None, quiet: bool = False):
     """{method: ExportedProgram} -> an EdgeProgramManager holding every method lowered (call
     `.to_executorch()` on it). Methods lowered before (the cache) are read back; the others are
-    lowered in worker processes when there are more than one and more than one worker, else in one
-    call here. Raises a RuntimeError naming the method(s) that failed."""
+    lowered in worker processes when there are more than one and more than one worker, else here:
+    in one call, or as many at a time as memory holds (together_for). Raises a RuntimeError naming the method(s) that failed."""
     keys = {m: program_key(ep, partitioner) for m, ep in programs.items()}
     arts = {m: _cached(k) for m, k in keys.items()}
     misses = [m for m, a in arts.items() if a is None]
     if len(misses) < len(programs):
         progress(f"      lowering: {len(programs) - len(misses)} of {len(programs)} method(s) lowered before (same program)")
-    n = 0
+    n, size, available = 0, 0, None
     if misses:
         size, available = max(program_bytes(programs[m]) for m in misses), available_memory()
         n, by_cores = workers_for(len(misses), size, available), workers_for(len(misses))
@@ -266,18 +294,23 @@ def lower_methods(programs: Mapping[str, object], partitioner: str,
             # e.g. a script without `if __name__ == "__main__"` cannot start spawned workers
             progress(f"      worker processes failed ({e}); lowering the rest in this process")
     rest = [m for m in misses if arts[m] is None]
-    if rest:
+    k = max(1, together_for(len(rest), size, available))
+    if k < len(rest):
+        progress(f"      lowering {len(rest)} method(s) {k} at a time in this process: memory "
+                 f"({available / 2**30:.1f} GiB available, ~{size * WORKER_BYTES_PER_PROGRAM_BYTE / 2**30:.1f} GiB each)")
+    for batch in (rest[i:i + k] for i in range(0, len(rest), k)):
         t = time.perf_counter()
         try:
-            edge = lower_together({m: programs[m] for m in rest}, partitioner)
+            edge = lower_together({m: programs[m] for m in batch}, partitioner)
         except Exception as e:
-            raise RuntimeError(f"lowering {rest} failed: {type(e).__name__}: {e}") from e
-        progress(f"      lowered {', '.join(rest)} in {time.perf_counter() - t:.1f}s")
-        if len(rest) == len(programs) and not _cache_root():  # nothing to combine with, nothing to keep
+            raise RuntimeError(f"lowering {batch} failed: {type(e).__name__}: {e}") from e
+        progress(f"      lowered {', '.join(batch)} in {time.perf_counter() - t:.1f}s")
+        if len(batch) == len(programs) and not _cache_root():  # nothing to combine with, nothing to keep
             return edge  # (serde of a real-size program alone costs tens of seconds)
-        for m in rest:
+        for m in batch:
             arts[m] = _serialized(edge, m)
             _store(keys[m], arts[m])
+        del edge  # before the next batch is lowered
     return combine({m: arts[m] for m in programs})
 
 
