@@ -149,28 +149,6 @@ def test_workers_fit_in_memory(monkeypatch):
     assert lowering.workers_for(6, real, available=1 * gib) == 2
 
 
-def test_this_process_lowers_no_more_at_once_than_memory_holds():
-    """Lowering here (one worker's worth of memory, or no cores to spare): all methods in one call
-    when they fit, else as many as fit. Six real-size methods in one call took tox -e bench-real's
-    session past 24 GiB."""
-    real, gib = 457_000_000, 2**30
-    assert lowering.together_for(6, real, available=20 * gib) == 2
-    assert lowering.together_for(6, real, available=8 * gib) == 1  # never fewer than one
-    assert lowering.together_for(6, 2_000_000, available=1 * gib) == 6  # tiny programs: one call
-    assert lowering.together_for(6, real, available=None) == 6  # unknown memory: as before
-
-
-def test_lowering_a_method_at_a_time_here_gives_the_same_bytes(two, monkeypatch):
-    """Memory for one method at a time (and no worker processes): each lowered alone in this
-    process, combined, against the whole call."""
-    monkeypatch.setenv(lowering.WORKERS_ENV, "1")
-    monkeypatch.setattr(lowering, "together_for", lambda methods, size=0, available=None: 1)
-    lines = []
-    assert lowering.lower_methods(two, "portable", lines.append).to_executorch().buffer == _whole(two, "portable")
-    assert [line.split(" in ")[0].strip() for line in lines if line.strip().startswith("lowered")] == \
-        ["lowered chunk_1", "lowered stateful_chunk_1"], lines
-
-
 def test_program_bytes_counts_weights_and_constants():
     ep = torch.export.export(torch.nn.Linear(8, 4), (torch.randn(1, 8),))
     assert lowering.program_bytes(ep) == (8 * 4 + 4) * 4

@@ -102,16 +102,6 @@ def workers_for(misses: int, size: int = 0, available: int | None = None) -> int
     return max(1, n)
 
 
-def together_for(methods: int, size: int = 0, available: int | None = None) -> int:
-    """How many of `methods` methods of up to `size` weight bytes this process lowers in one call:
-    all of them (one call costs less), or as many as `available` bytes hold at a worker's ~12x
-    each (one call lowering 6 real-size methods took a test session past 24 GiB)."""
-    if not size or available is None:
-        return methods
-    spare = available - methods * size * PARENT_BYTES_PER_PROGRAM_BYTE
-    return max(1, min(methods, spare // (size * WORKER_BYTES_PER_PROGRAM_BYTE)))
-
-
 def _die_with_parent() -> None:
     """Worker initializer: the kernel kills this worker when its parent dies (Linux), so a killed
     run (OOM, ^C, a CI timeout) leaves no orphan holding gigabytes."""
@@ -272,14 +262,14 @@ def lower_methods(programs: Mapping[str, object], partitioner: str,
                   progress: Callable[[str], None] = lambda s: None, quiet: bool = False):
     """{method: ExportedProgram} -> an EdgeProgramManager holding every method lowered (call
     `.to_executorch()` on it). Methods lowered before (the cache) are read back; the others are
-    lowered in worker processes when there are more than one and more than one worker, else here:
-    in one call, or as many at a time as memory holds (together_for). Raises a RuntimeError naming the method(s) that failed."""
+    lowered in worker processes when there are more than one and more than one worker, else in one
+    call here. Raises a RuntimeError naming the method(s) that failed."""
     keys = {m: program_key(ep, partitioner) for m, ep in programs.items()}
     arts = {m: _cached(k) for m, k in keys.items()}
     misses = [m for m, a in arts.items() if a is None]
     if len(misses) < len(programs):
         progress(f"      lowering: {len(programs) - len(misses)} of {len(programs)} method(s) lowered before (same program)")
-    n, size, available = 0, 0, None
+    n = 0
     if misses:
         size, available = max(program_bytes(programs[m]) for m in misses), available_memory()
         n, by_cores = workers_for(len(misses), size, available), workers_for(len(misses))
@@ -294,23 +284,18 @@ def lower_methods(programs: Mapping[str, object], partitioner: str,
             # e.g. a script without `if __name__ == "__main__"` cannot start spawned workers
             progress(f"      worker processes failed ({e}); lowering the rest in this process")
     rest = [m for m in misses if arts[m] is None]
-    k = max(1, together_for(len(rest), size, available))
-    if k < len(rest):
-        progress(f"      lowering {len(rest)} method(s) {k} at a time in this process: memory "
-                 f"({available / 2**30:.1f} GiB available, ~{size * WORKER_BYTES_PER_PROGRAM_BYTE / 2**30:.1f} GiB each)")
-    for batch in (rest[i:i + k] for i in range(0, len(rest), k)):
+    if rest:
         t = time.perf_counter()
         try:
-            edge = lower_together({m: programs[m] for m in batch}, partitioner)
+            edge = lower_together({m: programs[m] for m in rest}, partitioner)
         except Exception as e:
-            raise RuntimeError(f"lowering {batch} failed: {type(e).__name__}: {e}") from e
-        progress(f"      lowered {', '.join(batch)} in {time.perf_counter() - t:.1f}s")
-        if len(batch) == len(programs) and not _cache_root():  # nothing to combine with, nothing to keep
+            raise RuntimeError(f"lowering {rest} failed: {type(e).__name__}: {e}") from e
+        progress(f"      lowered {', '.join(rest)} in {time.perf_counter() - t:.1f}s")
+        if len(rest) == len(programs) and not _cache_root():  # nothing to combine with, nothing to keep
             return edge  # (serde of a real-size program alone costs tens of seconds)
-        for m in batch:
+        for m in rest:
             arts[m] = _serialized(edge, m)
             _store(keys[m], arts[m])
-        del edge  # before the next batch is lowered
     return combine({m: arts[m] for m in programs})
 
 
