@@ -27,12 +27,15 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 def pytest_configure(config):
     """One lowering cache per session (program/lowering.py), shared by the xdist workers and the CLI
     processes they start, so each distinct method program is lowered once; removed at the end, never
-    reused by another session. A C2W_LOWER_CACHE set by the caller is used as it is; --real runs
-    (the reference env) have none."""
+    reused by another session. A C2W_LOWER_CACHE set by the caller is used as it is; real-size runs
+    (--real: the reference env; --preset real: bench-real) have none."""
     from c2w_export.program.lowering import CACHE_ENV
 
-    if hasattr(config, "workerinput") or os.environ.get(CACHE_ENV) or config.getoption("--real"):
-        return  # (real-size runs lower each program once: a cache would only copy 457 MB per method)
+    real = config.getoption("--real") or config.getoption("--preset") == "real"
+    if hasattr(config, "workerinput") or os.environ.get(CACHE_ENV) or real:
+        # real-size runs lower each program once: a cache would only write 457 MB per method, and
+        # serialize and recombine each lowered method in memory (bench-real: past 24 GiB)
+        return
     config.c2w_lower_cache = tempfile.mkdtemp(prefix="c2w-lower-cache-")
     os.environ[CACHE_ENV] = config.c2w_lower_cache
 
