@@ -35,13 +35,9 @@ def two(prepared):
 
 
 def _whole(programs, partitioner):
-    """Every method in one ExecuTorch call: what Lower did before lowering.py."""
-    from executorch.exir import to_edge, to_edge_transform_and_lower
-
-    parts, passes = lowering.PARTITIONERS[partitioner](), [lowering.fold_constants()]
-    edge = (to_edge_transform_and_lower(dict(programs), transform_passes=passes, partitioner=parts) if parts
-            else to_edge(dict(programs)).transform(passes))
-    return edge.to_executorch().buffer
+    """Every method in one ExecuTorch call (lower_together, no serde, no combine): what Lower did
+    before lowering.py."""
+    return lowering.lower_together(programs, partitioner).to_executorch().buffer
 
 
 def test_xnnpack_per_method_is_the_whole_program_byte_for_byte(two):
