@@ -108,6 +108,58 @@ def test_offline_equals_one_step_from_the_zero_state(decoder, t, seed):
     assert set(new) == {n for n, _, _ in decoder.state_spec()}
 
 
+WINDOW_CUTS = [  # (id, chunk, real history frames) of a window with a 72-frame context
+    ("chunk1-no-history", 1, 0), ("chunk2-partial-history", 2, 3), ("chunk25-full-history", 25, 72),
+]
+
+
+@pytest.fixture(scope="module")
+def decoder64(model_dir):
+    """The tiny decoder in fp64: its noise (~1e-15) is far below what one frame too few moves."""
+    from c2w_export import load_decoder
+
+    return load_decoder(model_dir, dtype=torch.float64)
+
+
+def _cut_and_offline(decoder, chunk, history, seed):
+    """(window decoded with tail=chunk, the offline decode of the window's real frames: its last
+    `chunk` frames), the window being 72 + chunk frames of which the last history + chunk are real."""
+    codes = random_codes(decoder, 72 + chunk, seed)
+    with torch.no_grad():
+        cut, _ = decoder.step(codes, {}, first=torch.tensor([72 - history]), tail=chunk)
+        offline = decoder(codes[..., 72 - history:])
+    return cut, offline[..., -chunk * decoder.config.hop:]
+
+
+@pytest.mark.parametrize("frames,history", cases(WINDOW_CUTS))
+def test_window_cut_to_the_frames_its_audio_depends_on(decoder64, frames, history):
+    """A window decoded with `tail` (the conv stack cut to `stack_frames(tail)` before each layer,
+    as the windowed programs run) against the offline decode of the window's real frames (no cut,
+    no absent frames), in fp64. The cut is real: the stack's first layer sees fewer frames than the
+    window holds."""
+    cut, offline = _cut_and_offline(decoder64, frames, history, 7 + frames)
+    assert cut.shape == offline.shape == (1, 1, frames * decoder64.config.hop)
+    d = compare(cut, offline)
+    assert d.within(tolerance("window_cut", "float64")), d.describe()
+    assert decoder64.stack_frames(frames)[0] < 72 + frames
+
+
+def test_window_cut_one_frame_short_anywhere_fails(decoder64, monkeypatch):
+    """The gate above on a deliberate bug: one frame fewer before any one layer of the stack (a
+    reach off by one) moves the chunk's audio beyond it (full history: every cut frame is real)."""
+    needs = decoder64.stack_frames(2)
+    for i in range(len(needs)):
+        short = [n - (j == i) for j, n in enumerate(needs)]
+        monkeypatch.setattr(decoder64, "stack_frames", lambda tail: short)
+        d = compare(*_cut_and_offline(decoder64, 2, 72, 11))
+        assert not d.within(tolerance("window_cut", "float64")), f"layer {i} cut to {short[i]} frames: {d.describe()}"
+
+
+def test_window_cut_needs_an_empty_state(decoder):
+    with pytest.raises(ValueError, match="without state"):
+        decoder.step(random_codes(decoder, 3, 0), decoder.initial_state(), tail=1)
+
+
 @pytest.mark.parametrize("bias_shape", ["flat", "folded"])
 def test_causal_conv_transpose_offline_is_torchs_conv_trimmed(bias_shape):
     """Offline (no carry), our causal transposed conv is torch's own transposed conv with its bias,

@@ -9,6 +9,7 @@ equals one step from `initial_state()` (tests/test_decoder.py checks it).
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,7 @@ from torch import Tensor, nn
 from .config import DecoderConfig
 from .layers import (
     CausalConv1d, CausalConvTranspose1d, LayerScale, RMSNorm, SnakeBeta, State, StatefulLeaf,
-    apply_rope, attention, mask_bias, rope_cos_sin, rope_inv_freq, sliding_window_mask,
+    apply_rope, attention, last_frames, mask_bias, rope_cos_sin, rope_inv_freq, sliding_window_mask,
 )
 from .validate import check_codes
 
@@ -290,32 +291,70 @@ class Code2Wav(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.pre_conv.conv.weight.dtype
 
+    def _stack(self) -> list[nn.Module]:
+        """The conv stack after the transformer, in order: the upsample stages, then the decoder's layers."""
+        return [*self.upsample, *self.decoder]
+
+    def _stack_reaches(self) -> list[Fraction]:
+        """Per layer of `_stack()`: the code frames of history its output reaches back through the
+        layer's causal convs' histories and transposed convs' overlaps, each at its own rate (exact)."""
+        rate, out = 1, []  # samples per code frame at this point of the stack
+        for layer in self._stack():
+            reach = Fraction(0)
+            for m in layer.modules():
+                if isinstance(m, CausalConvTranspose1d):
+                    reach += Fraction(-(-m.overlap // m.conv.stride[0]), rate)  # input samples the carry reaches back
+                    rate *= m.conv.stride[0]
+                elif isinstance(m, CausalConv1d):
+                    reach += Fraction(m.pad, rate)
+            out.append(reach)
+        return out
+
     def receptive_frames(self) -> int:
         """Code frames of history that can change a frame's audio: every causal conv's history and
         transposed conv's overlap, each at its own rate, plus the sliding-window attention chained
         over the layers (tiny: 26, real size: 580). A windowed program whose context covers it is
         exact in its steady state."""
-        reach = float(self.pre_conv.pad + len(self.pre_transformer.layers) * self.config.kv_cache_frames)
-        rate = 1  # samples per code frame at this point of the stack
-        convs = [m for stage in self.upsample for m in stage] + list(self.decoder)
-        for m in (x for c in convs for x in c.modules()):
-            if isinstance(m, CausalConvTranspose1d):
-                reach += -(-m.overlap // m.conv.stride[0]) / rate  # input samples the carry reaches back
-                rate *= m.conv.stride[0]
-            elif isinstance(m, CausalConv1d):
-                reach += m.pad / rate
-        return math.ceil(reach)
+        reach = self.pre_conv.pad + len(self.pre_transformer.layers) * self.config.kv_cache_frames
+        return math.ceil(reach + sum(self._stack_reaches()))
+
+    def stack_frames(self, tail: int) -> list[int]:
+        """Per layer of the conv stack after the transformer: the code frames of its input that the
+        audio of the last `tail` frames depends on. Walked back from the output in whole samples at
+        each rate (a causal conv needs its history; a transposed conv of kernel K, stride S needs
+        input i for output n when i*S <= n <= i*S + K-1), so it is exact where the summed fractional
+        reaches of `_stack_reaches` would round up. A window cut to these frames before each layer
+        computes that audio as the whole window does."""
+        need, rate, out = 0, self.config.hop, []  # samples needed before the tail's first, at `rate` per frame
+        for layer in reversed(self._stack()):
+            for m in reversed(list(layer.modules())):
+                if isinstance(m, CausalConv1d):
+                    need += m.pad
+                elif isinstance(m, CausalConvTranspose1d):
+                    stride = m.conv.stride[0]
+                    need = (need + m.conv.kernel_size[0] - 1) // stride
+                    rate //= stride
+            out.append(tail + -(-need // rate))
+        return out[::-1]
 
     # -------------------------------------------------------- compute
-    def step(self, codes: Tensor, state: State, first: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    def step(self, codes: Tensor, state: State, first: Tensor | None = None,
+             tail: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """Unchecked core. codes int64 [B, Q, T], state -> (wav [B, 1, T*hop], new state).
         An empty state decodes a stream start without state (no new state is returned).
 
         `first` int64 [1] (empty state only): frames before it are absent history, decoded as
         the offline decode's causal zero padding, so the samples from `first` on equal the offline
-        decode of `codes[..., first:]`. The absent frames' own samples are meaningless."""
+        decode of `codes[..., first:]`. The absent frames' own samples are meaningless.
+
+        `tail` (empty state only): only the audio of the last `tail` frames is wanted; wav is
+        [B, 1, tail*hop]. The conv stack after the transformer then runs, layer by layer, on the
+        frames that audio depends on (`stack_frames`), not on the whole window."""
+        if tail is not None and state:
+            raise ValueError("step(tail=...) decodes a window without state; a stream step keeps every frame")
         new: dict[str, Tensor] = {}
-        present = None if first is None else torch.arange(codes.shape[-1], dtype=torch.int64) >= first
+        frames = codes.shape[-1]
+        present = None if first is None else torch.arange(frames, dtype=torch.int64) >= first
         keep = None if present is None else present.to(self.dtype)[None, None, :]
         h = self.quantizer(codes)
         h, s = self.pre_conv(h, state, keep)
@@ -323,15 +362,17 @@ class Code2Wav(nn.Module):
         h, s = self.pre_transformer(h.transpose(1, 2), state.get(POSITION), state, present)
         new.update(s)
         h = h.transpose(1, 2)
-        for stage in self.upsample:
-            h, s = stage(h, state, keep)
-            new.update(s)
-        for layer in self.decoder:
+        stack = self._stack()
+        for layer, need in zip(stack, self.stack_frames(tail) if tail is not None else [frames] * len(stack)):
+            h, keep = last_frames(h, keep, frames, need)  # drop what the wanted audio does not depend on
+            frames = min(frames, need)
             if isinstance(layer, SnakeBeta):
                 h = layer(h)
             else:
                 h, s = layer(h, state, keep)
                 new.update(s)
+        if tail is not None:
+            h = h[..., h.shape[-1] - tail * self.config.hop:]
         if POSITION in state:
             new[POSITION] = state[POSITION] + codes.shape[-1]
         return h.clamp(-OUTPUT_LIMIT, OUTPUT_LIMIT), new

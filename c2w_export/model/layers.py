@@ -145,6 +145,15 @@ def drop_absent(x: Tensor, keep: Tensor | None) -> Tensor:
     return (x.reshape(b, c, t, n // t) * keep[..., None]).reshape(b, c, n)
 
 
+def last_frames(x: Tensor, keep: Tensor | None, total: int, frames: int) -> tuple[Tensor, Tensor | None]:
+    """x [B, C, total * rate] -> its last `frames` code frames [B, C, frames * rate], with keep
+    [1, 1, total] or None cut the same way. Static slices: the frame counts are fixed at export."""
+    if frames >= total:
+        return x, keep
+    rate = x.shape[-1] // total
+    return x[..., (total - frames) * rate:], (keep[..., total - frames:] if keep is not None else None)
+
+
 # ---------------------------------------------------------------- thin modules
 class SnakeBeta(nn.Module):
     def __init__(self, channels: int):

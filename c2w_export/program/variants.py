@@ -1,8 +1,10 @@
 """Export variants: the I/O contracts that ship, and their specs.
 
 - windowed (stateless, method `chunk_<n>`): (codes int64 [1, Q, context + chunk], history int64 [1])
-  -> wav float32 [1, chunk * hop], the audio of the last `chunk` frames only. Recomputes `context`
-  frames every call. `history` (0..context) counts the real frames before the chunk; the window's
+  -> wav float32 [1, chunk * hop], the audio of the last `chunk` frames only. The quantizer and
+  transformer recompute the whole window every call; the conv stack after them runs only on the
+  frames that audio depends on (Code2Wav.stack_frames: chunk + 10 frames at the first upsample
+  stage, chunk + 1 at the decoder's last blocks). `history` (0..context) counts the real frames before the chunk; the window's
   first `context - history` frames are absent (a stream start) and are decoded as the offline
   decode's causal zero padding, so a windowed stream is exact from frame 0.
 - stateful (method `stateful_chunk_<n>`): (codes int64 [1, Q, chunk], *state) -> (wav float32
@@ -127,8 +129,9 @@ class Windowed(_Variant):
     variant = "windowed"
 
     def forward(self, codes: Tensor, history: Tensor) -> Tensor:
-        wav, _ = self.decoder.step(codes, {}, first=self.context - history)  # no state: the window starts it
-        return _io(wav[:, 0, self.context * self.decoder.config.hop:], io_dtype(self.decoder))
+        # no state: the window starts it; the conv stack runs on the frames the chunk's audio depends on
+        wav, _ = self.decoder.step(codes, {}, first=self.context - history, tail=self.chunk)
+        return _io(wav[:, 0], io_dtype(self.decoder))
 
     def input_specs(self) -> list[TensorSpec]:
         return [self._codes_spec(), TensorSpec(HISTORY, (1,), "int64")]
