@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from c2w_export.model.validate import InputError
+from c2w_export.model.validate import InputError, check_tensor
 from c2w_export.program.compare import compare
 from c2w_export.program.playback import simulate_playback
 from c2w_export.program.flows import ModuleLoaded
@@ -342,6 +342,13 @@ def test_stream_decoder_decodes_a_chunk_as_soon_as_it_is_whole_and_checks_each_p
 
 
 # ---------------------------------------------------------------- state robustness
+def _one(t, flat_index, value):
+    """A copy of `t` with one element (by flat index) set to `value`."""
+    t = t.clone()
+    t.view(-1)[flat_index] = value
+    return t
+
+
 def _state_case(decoder, edit):
     init = list(initial_state(decoder))
     edit(init)
@@ -353,6 +360,9 @@ STATE_BAD = [
     ("wrong-dtype", lambda s: s.__setitem__(1, s[1].double()), "must be float32"),
     ("nan", lambda s: s.__setitem__(2, s[2].clone().fill_(float("nan"))), "non-finite value"),
     ("inf", lambda s: s.__setitem__(3, s[3].clone().fill_(float("inf"))), "non-finite value"),
+    # one bad element among finite ones, each sign of inf: the finite-sum fast path must see them
+    ("one-nan", lambda s: s.__setitem__(2, _one(s[2], 0, float("nan"))), r"non-finite value \(nan\) at index \(0, 0, 0"),
+    ("one-minus-inf", lambda s: s.__setitem__(3, _one(s[3], -1, float("-inf"))), r"non-finite value \(-inf\)"),
     ("pos-float", lambda s: s.__setitem__(0, s[0].float()), "must be int64"),
     ("pos-negative", lambda s: s.__setitem__(0, s[0] - 5), "non-negative"),
 ]
@@ -364,6 +374,17 @@ def test_bad_state_is_rejected(decoder, stateful_run, ramp, edit, message):
     state = _state_case(decoder, edit)
     with pytest.raises(InputError, match=message):
         run(method_name("stateful", ramp[0]), (_codes(decoder, ramp[0], 0), *state))
+
+
+def test_finite_state_whose_sum_overflows_is_accepted():
+    """check_tensor's fast path (a finite sum) falls back to each element when the sum overflows:
+    finite values summing past float32's range pass, and one inf among them is still named."""
+    big = torch.full((1, 4, 3), 3e38)
+    check_tensor(big, "state 'x'", (1, 4, 3), torch.float32)
+    check_tensor(torch.full((1, 4, 3), 6e4, dtype=torch.float16), "state 'h'", (1, 4, 3), torch.float16)
+    big[0, 2, 1] = float("inf")
+    with pytest.raises(InputError, match=r"state 'x' holds a non-finite value \(inf\) at index \(0, 2, 1\)"):
+        check_tensor(big, "state 'x'", (1, 4, 3), torch.float32)
 
 
 def test_interleaved_streams_are_independent(decoder, stateful_run, ramp):
