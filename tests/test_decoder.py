@@ -174,3 +174,38 @@ def test_causal_conv_transpose_offline_is_torchs_conv_trimmed(bias_shape):
     full = F.conv_transpose1d(x, w, b, stride=4)
     assert torch.allclose(y, full[..., :20], atol=1e-6) and y.shape == (1, 2, 20)
     assert torch.allclose(carry, full[..., 20:] - b[None, :, None], atol=1e-6)  # the tail, bias taken out
+
+
+PHASE_CASES = [  # (id, kernel, stride): every shape CausalConvTranspose1d accepts
+    ("kernel-twice-stride", 8, 4),  # the conv decoder's blocks (K = 2S)
+    ("kernel-equals-stride", 2, 2),  # the latent upsampler
+    ("kernel-between", 6, 4),
+    ("kernel-odd", 5, 4),
+]
+
+
+@pytest.mark.parametrize("kernel,stride", cases(PHASE_CASES))
+def test_transposed_conv_by_phases_is_torchs_transposed_conv(kernel, stride):
+    """prepare's conv of the output phases equals torch's own transposed conv, in float64."""
+    import torch.nn.functional as F
+
+    from c2w_export.program.prepare import conv_transpose1d_by_phases, phase_weight
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 7, generator=g, dtype=torch.float64)
+    w = torch.randn(3, 5, kernel, generator=g, dtype=torch.float64)
+    full = F.conv_transpose1d(x, w, stride=stride)
+    got = conv_transpose1d_by_phases(x, phase_weight(w, stride), stride, kernel)
+    assert got.shape == full.shape and torch.allclose(got, full, atol=1e-12)
+
+
+def test_transposed_conv_by_phases_check_catches_taps_in_the_wrong_order():
+    """The check above, on phase weights with their two taps swapped: far off."""
+    import torch.nn.functional as F
+
+    from c2w_export.program.prepare import conv_transpose1d_by_phases, phase_weight
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(1, 3, 7, generator=g, dtype=torch.float64), torch.randn(3, 5, 8, generator=g, dtype=torch.float64)
+    got = conv_transpose1d_by_phases(x, phase_weight(w, 4).flip(-1), 4, 8)
+    assert (got - F.conv_transpose1d(x, w, stride=4)).abs().max() > 0.1

@@ -125,9 +125,16 @@ def test_flow_for_refuses_bad_options(backend, partitioner, message):
         flow_for(backend, partitioner)
 
 
-def test_a_broken_fold_fails_at_the_prepare_stage(decoder, ramp, context, tmp_path, monkeypatch):
+BROKEN_FOLDS = [  # (id, prepare's function, its broken replacement given the real one)
+    ("snake-alpha-and-inverse-beta-swapped", "snake_constants", lambda real: lambda a, b: tuple(reversed(real(a, b)))),
+    ("transposed-conv-taps-swapped", "phase_weight", lambda real: lambda w, s: real(w, s).flip(-1)),
+]
+
+
+@pytest.mark.parametrize("name,broken", cases(BROKEN_FOLDS))
+def test_a_broken_fold_fails_at_the_prepare_stage(decoder, ramp, context, tmp_path, monkeypatch, name, broken):
     """The prepared (folded) module is compared with the untouched decoder: the real fold passes,
-    a fold that swaps SnakeBeta's alpha and 1/beta fails, named at stage 'prepare'."""
+    a broken one fails, named at stage 'prepare'."""
     from c2w_export.program import prepare as pp
     from c2w_export.program.pipeline import build
 
@@ -135,8 +142,7 @@ def test_a_broken_fold_fails_at_the_prepare_stage(decoder, ramp, context, tmp_pa
     assert flow.compared[0] == "prepare"
     results, _ = build(decoder, flow, ["stateful"], ramp[:1], context, tmp_path / "ok", windows=1)
     assert results[0].passed, results[0].failure()
-    real = pp.snake_constants
-    monkeypatch.setattr(pp, "snake_constants", lambda a, b: tuple(reversed(real(a, b))))
+    monkeypatch.setattr(pp, name, broken(getattr(pp, name)))
     results, _ = build(decoder, flow, ["stateful"], ramp[:1], context, tmp_path / "bad", windows=1)
     assert not results[0].stages["prepare"].within(results[0].tolerance), results[0].stages["prepare"].describe()
     assert "stage 'prepare' diverged" in results[0].failure()

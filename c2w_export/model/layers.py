@@ -121,7 +121,13 @@ def causal_conv_transpose1d(x: Tensor, carry: Tensor | None, weight: Tensor, bia
     tail, bias taken out; None at a stream start: nothing to add) -> y [B, Cout, T*S], new carry
     [B, Cout, K-S]. Offline this equals the full transposed conv with its last K-S samples trimmed."""
     full = F.conv_transpose1d(x, weight, None, stride=stride)  # [B, Cout, (T-1)*S + K]
-    n = x.shape[-1] * stride
+    return overlap_add(full, carry, bias, x.shape[-1] * stride)
+
+
+def overlap_add(full: Tensor, carry: Tensor | None, bias: Tensor | None, n: int) -> tuple[Tensor, Tensor]:
+    """The causal part of a transposed conv's full output. full [B, Cout, (T-1)*S + K] (bias not
+    added), carry [B, Cout, K-S] or None, n = T*S -> y [B, Cout, n] (carry added to its head, then
+    the bias), new carry full[..., n:]."""
     overlap = carry.shape[-1] if carry is not None else 0
     if overlap:
         y = torch.cat([full[..., :overlap] + carry, full[..., overlap:n]], dim=-1)
@@ -218,8 +224,12 @@ class CausalConvTranspose1d(StatefulLeaf):
         key = f"{self.state_name}.carry"
         if self.overlap:  # only an overlapping kernel carries an absent frame into a present one
             x = drop_absent(x, keep)
-        y, new_carry = causal_conv_transpose1d(x, state.get(key), self.conv.weight, bias, self.conv.stride[0])
+        y, new_carry = overlap_add(self._full(x), state.get(key), bias, x.shape[-1] * self.conv.stride[0])
         return y, ({key: new_carry} if key in state else {})
+
+    def _full(self, x: Tensor) -> Tensor:
+        """x [B, Cin, T] -> the full transposed conv without bias [B, Cout, (T-1)*S + K]."""
+        return F.conv_transpose1d(x, self.conv.weight, None, stride=self.conv.stride[0])
 
 
 class RMSNorm(nn.Module):
