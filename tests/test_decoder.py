@@ -166,11 +166,11 @@ def test_causal_conv_transpose_offline_is_torchs_conv_trimmed(bias_shape):
     the last K-S samples trimmed; the bias may come as [Cout] or folded as [1, Cout, 1] (prepare)."""
     import torch.nn.functional as F
 
-    from c2w_export.model.layers import causal_conv_transpose1d
+    from c2w_export.model.layers import overlap_add
 
     g = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(1, 3, 5, generator=g), torch.randn(3, 2, 8, generator=g), torch.randn(2, generator=g)
-    y, carry = causal_conv_transpose1d(x, None, w, b if bias_shape == "flat" else b[None, :, None], 4)
+    y, carry = overlap_add(F.conv_transpose1d(x, w, stride=4), None, b if bias_shape == "flat" else b[None, :, None], 20)
     full = F.conv_transpose1d(x, w, b, stride=4)
     assert torch.allclose(y, full[..., :20], atol=1e-6) and y.shape == (1, 2, 20)
     assert torch.allclose(carry, full[..., 20:] - b[None, :, None], atol=1e-6)  # the tail, bias taken out

@@ -113,21 +113,14 @@ def causal_conv1d(x: Tensor, history: Tensor | None, weight: Tensor, bias: Tenso
     return y, xx[..., xx.shape[-1] - pad:]
 
 
-def causal_conv_transpose1d(x: Tensor, carry: Tensor | None, weight: Tensor, bias: Tensor | None,
-                            stride: int) -> tuple[Tensor, Tensor]:
-    """Causal transposed conv, kernel K with S < K <= 2S or K == S.
-
-    x [B, Cin, T], bias [Cout] or [1, Cout, 1], carry [B, Cout, K-S] (the previous chunk's overlap
-    tail, bias taken out; None at a stream start: nothing to add) -> y [B, Cout, T*S], new carry
-    [B, Cout, K-S]. Offline this equals the full transposed conv with its last K-S samples trimmed."""
-    full = F.conv_transpose1d(x, weight, None, stride=stride)  # [B, Cout, (T-1)*S + K]
-    return overlap_add(full, carry, bias, x.shape[-1] * stride)
-
-
 def overlap_add(full: Tensor, carry: Tensor | None, bias: Tensor | None, n: int) -> tuple[Tensor, Tensor]:
-    """The causal part of a transposed conv's full output. full [B, Cout, (T-1)*S + K] (bias not
-    added), carry [B, Cout, K-S] or None, n = T*S -> y [B, Cout, n] (carry added to its head, then
-    the bias), new carry full[..., n:]."""
+    """Causal transposed conv (kernel K with S < K <= 2S or K == S) from its full output.
+
+    full [B, Cout, (T-1)*S + K] (the transposed conv of x [B, Cin, T], bias not added), carry
+    [B, Cout, K-S] (the previous chunk's overlap tail, bias taken out; None at a stream start:
+    nothing to add), bias [Cout] or [1, Cout, 1], n = T*S -> y [B, Cout, n] (carry added to its
+    head, then the bias), new carry full[..., n:] [B, Cout, K-S]. Offline this is the full
+    transposed conv with its last K-S samples trimmed."""
     overlap = carry.shape[-1] if carry is not None else 0
     if overlap:
         y = torch.cat([full[..., :overlap] + carry, full[..., overlap:n]], dim=-1)

@@ -90,7 +90,7 @@ def phase_weight(weight: Tensor, stride: int) -> Tensor:
 def conv_transpose1d_by_phases(x: Tensor, phases: Tensor, stride: int, kernel: int) -> Tensor:
     """F.conv_transpose1d(x, weight, stride=S) without bias, computed as the stride-1 conv of
     phase_weight(weight, S) (one output channel per phase) and the phases interleaved in time.
-    XNNPACK runs this conv 2-3x faster than its transposed conv (Subconv2D).
+    XNNPACK runs this conv 1.6-3.7x faster than its transposed conv (Subconv2D) at real-size shapes.
     x [B, Cin, T], phases [Cout * S, Cin, taps] -> [B, Cout, (T-1)*S + K]."""
     b, _, t = x.shape
     taps = phases.shape[-1]
