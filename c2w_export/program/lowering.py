@@ -38,9 +38,9 @@ _NAME = "method"  # the name a lone method is lowered under (a method's name doe
 
 
 def _xnnpack_partitioners() -> list:
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from .partition import capped_xnnpack_partitioner
 
-    return [XnnpackPartitioner()]
+    return [capped_xnnpack_partitioner()]  # no partition over half the weights: a lower load peak
 
 
 # partitioner name -> the partitioners to lower with; "portable" delegates nothing (portable kernels)
@@ -126,7 +126,10 @@ def program_key(ep, partitioner: str) -> str:
     partitioner and the torch/ExecuTorch versions."""
     from ..env import versions
 
-    h = hashlib.sha256(repr((partitioner, versions()["torch"], versions()["executorch"])).encode())
+    from .partition import MAX_PARTITION_SHARE
+
+    h = hashlib.sha256(repr((partitioner, MAX_PARTITION_SHARE, versions()["torch"],
+                             versions()["executorch"])).encode())
     for n in ep.graph.nodes:
         val = n.meta.get("val")
         shape = (tuple(val.shape), str(val.dtype)) if isinstance(val, torch.Tensor) else repr(val)
