@@ -104,3 +104,40 @@ def test_no_delegate_holds_most_of_the_weights(decoder, monkeypatch, capped):
     shares = delegate_shares(lowering.lower_together({m.method: ep}, "xnnpack").exported_program(m.method))
     assert (max(shares) <= TINY_HEAVIEST_SHARE) == capped, shares
     assert len(shares) == (3 if capped else 2), shares
+
+
+def quantize_per_tensor(x):  # stand-ins: groups_between_cuts knows q/dq ops by name
+    return x
+
+
+def dequantize_per_tensor(x):
+    return x
+
+
+def _chain(*steps):
+    """ops f0(x) -> f1 -> ... in one fx graph; each step (function, dtype of its output)."""
+    g, prev, ops = torch.fx.Graph(), None, []
+    prev = g.placeholder("x")
+    for fn, dtype in steps:
+        prev = g.call_function(fn, (prev,))
+        prev.meta["val"] = torch.empty(2, dtype=dtype)
+        ops.append(prev)
+    g.output(prev)
+    return ops
+
+
+GROUPS = [  # (id, steps, groups): a run may start only where plain float32 crosses
+    ("float-chain-cuts-anywhere", [(torch.relu, torch.float32)] * 3, [0, 1, 2]),
+    ("never-through-q-dq", [(torch.relu, torch.float32), (quantize_per_tensor, torch.int8),
+                            (dequantize_per_tensor, torch.float32), (torch.relu, torch.float32),
+                            (torch.relu, torch.float32)], [0, 0, 0, 0, 1]),
+    ("never-an-int64-value", [(torch.relu, torch.int64), (torch.relu, torch.float32)], [0, 0]),
+]
+
+
+@pytest.mark.parametrize("steps,groups", cases(GROUPS))
+def test_runs_start_only_where_plain_float_crosses(steps, groups):
+    """A cut through a q/dq pattern made the real-size int8 program fail to load (error 0x1)."""
+    from c2w_export.program.partition import groups_between_cuts
+
+    assert groups_between_cuts(_chain(*steps)) == groups
