@@ -77,12 +77,8 @@ def test_pieces(part, total, want):
 def delegate_shares(ep) -> list[float]:
     """Each XNNPACK delegate's share of the delegated weight bytes, read from ExecuTorch's lowered
     modules (each keeps the partition's ExportedProgram as original_module)."""
-    gm, sizes = ep.graph_module, []
-    for n in ep.graph.nodes:
-        if n.op == "get_attr" and n.target.startswith("lowered_module"):
-            part = getattr(gm, n.target).original_module
-            sizes.append(sum(t.numel() * t.element_size() for t in {**part.state_dict, **part.constants}.values()
-                             if isinstance(t, torch.Tensor)))
+    sizes = [lowering.program_bytes(getattr(ep.graph_module, n.target).original_module)
+             for n in ep.graph.nodes if n.op == "get_attr" and n.target.startswith("lowered_module")]
     return [s / sum(sizes) for s in sizes]
 
 
@@ -116,7 +112,7 @@ def dequantize_per_tensor(x):
 
 def _chain(*steps):
     """ops f0(x) -> f1 -> ... in one fx graph; each step (function, dtype of its output)."""
-    g, prev, ops = torch.fx.Graph(), None, []
+    g, ops = torch.fx.Graph(), []
     prev = g.placeholder("x")
     for fn, dtype in steps:
         prev = g.call_function(fn, (prev,))
@@ -141,3 +137,13 @@ def test_runs_start_only_where_plain_float_crosses(steps, groups):
     from c2w_export.program.partition import groups_between_cuts
 
     assert groups_between_cuts(_chain(*steps)) == groups
+
+
+def test_groups_check_catches_a_rule_that_lets_every_value_cross(monkeypatch):
+    """With every value taken as plain float32, a run could start inside the q/dq pattern, and the
+    case above fails."""
+    from c2w_export.program import partition
+
+    monkeypatch.setattr(partition, "_plain_float", lambda n: True)
+    steps, groups = GROUPS[1][1:]
+    assert partition.groups_between_cuts(_chain(*steps)) != groups

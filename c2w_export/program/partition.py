@@ -9,8 +9,8 @@ into ceil(its share / MAX_PARTITION_SHARE) consecutive runs of ops, in graph ord
 heaviest run as light as the ops allow (one op's weight is never split, so a run can stay a little
 over the share: 0.53 on tiny). Ops in graph order are topologically sorted, so no run depends on a
 later one and the cut makes no cycle. A run starts only where plain float32 values cross
-(`groups_between_cuts`): never through a quantized op's q/dq pattern. Measured at real size (stateful chunk 25, AMD EPYC, probe
-before this module): load peak 1.68 -> 1.39x the file, running peak 1.33x either way, chunk-1 and
+(`groups_between_cuts`): never through a quantized op's q/dq pattern. Measured at real size
+(stateful chunk 25, AMD EPYC, probe before this module): load peak 1.68 -> 1.39x the file, running peak 1.33x either way, chunk-1 and
 chunk-25 calls equal within noise, 3 partitions instead of 2.
 """
 
@@ -93,20 +93,20 @@ def groups_between_cuts(ops: Sequence[torch.fx.Node]) -> list[int]:
 
 def split_partitions(ep, partitions, share: float = MAX_PARTITION_SHARE) -> list:
     """XNNPACK's partitions of `ep` -> the same nodes, each partition over `share` of the delegated
-    weight bytes cut by `cut`. A constant, and an op computing from constants alone (a weight's
+    weight bytes cut by `cut` between the groups of `groups_between_cuts`. A constant, and an op computing from constants alone (a weight's
     dequantize), goes with the run of its first user, so each run keeps its weights static."""
     from executorch.exir.backend.canonical_partitioners.config_partitioner import is_constant_data
     from torch.fx.passes.infra.partitioner import Partition
 
     order = {n: i for i, n in enumerate(ep.graph_module.graph.nodes)}
-    total = sum(weight_bytes(n) for p in partitions for n in p.nodes if is_constant_data(ep, n))
+    consts = [{n for n in p.nodes if is_constant_data(ep, n)} for p in partitions]
+    total = sum(weight_bytes(n) for c in consts for n in c)
     out: list = []
-    for p in partitions:
-        mine = set(p.nodes)
-        nodes = sorted(mine, key=order.get)
-        fixed: set = set()  # constants and what computes from them alone, inside this partition
+    for p, const in zip(partitions, consts):
+        nodes = sorted(p.nodes, key=order.get)
+        fixed = set(const)  # constants and what computes from them alone, inside this partition
         for n in nodes:
-            if is_constant_data(ep, n) or (n.all_input_nodes and all(a in fixed for a in n.all_input_nodes)):
+            if n.all_input_nodes and all(a in fixed for a in n.all_input_nodes):
                 fixed.add(n)
         ops = [n for n in nodes if n not in fixed]
 
@@ -117,13 +117,13 @@ def split_partitions(ep, partitions, share: float = MAX_PARTITION_SHARE) -> list
                     leaves(a, seen)
             return seen
 
-        read = [{a for a in leaves(n, set()) if is_constant_data(ep, a)} for n in ops]
+        read = [leaves(n, set()) & const for n in ops]
         claimed: set = set()
         weights = []
         for r in read:  # a constant shared by two ops counts once, for the first
             weights.append(sum(weight_bytes(a) for a in r - claimed))
             claimed |= r
-        k = pieces(sum(weight_bytes(n) for n in mine if is_constant_data(ep, n)), total, share)
+        k = pieces(sum(weight_bytes(n) for n in const), total, share)
         groups = groups_between_cuts(ops)  # ops no run may start between
         group_weights = [0] * (groups[-1] + 1 if groups else 0)
         for g, w in zip(groups, weights):
