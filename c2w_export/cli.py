@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .model.synth import STRESS
 from .program.precision import FP32, PRECISIONS
-from .program.streaming import DEFAULT_CONTEXT, DEFAULT_RAMP
+from .program.streaming import DEFAULT_CONTEXT, DEFAULT_MAX_CHUNK, DEFAULT_RAMP
 from .ship.verify import EXIT_OK, EXIT_PARITY
 
 EXIT_USAGE = 2
@@ -33,12 +33,15 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="export, check against eager, write artifacts + manifest.json")
     e.add_argument("--model", required=True, help="model directory or hub id")
     e.add_argument("--out-dir", required=True, type=Path)
-    e.add_argument("--ramp", type=int, nargs="+", default=list(DEFAULT_RAMP))
+    e.add_argument("--max-chunk", type=int, default=DEFAULT_MAX_CHUNK,
+                   help="the largest chunk (frames) a call takes: each variant is one method for chunks 1..max")
+    e.add_argument("--ramp", type=int, nargs="+", default=list(DEFAULT_RAMP),
+                   help="the decode schedule the manifest recommends (sizes within 1..max-chunk)")
     e.add_argument("--context", type=int, default=DEFAULT_CONTEXT)
     e.add_argument("--backend", choices=["torch_export", "executorch"], default="executorch")
     e.add_argument("--partitioner", choices=["xnnpack", "portable"], default="xnnpack")
     e.add_argument("--variant", choices=["windowed", "stateful", "both"], default="windowed")
-    e.add_argument("--multi-method", action="store_true", help="one .pte holding every chunk size as a method")
+    e.add_argument("--multi-method", action="store_true", help="one file holding both variants' methods (they share the weights)")
     e.add_argument("--bundle", action="store_true", help="also write BundledProgram (.bpte) test vectors")
     e.add_argument("--windows", type=int, default=3, help="code windows checked per program")
     e.add_argument("--precision", choices=sorted(PRECISIONS), default=FP32,
@@ -52,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--out", required=True, type=Path)
     d.add_argument("--variant", choices=["windowed", "stateful"], default=None)
     d.add_argument("--ramp", type=int, nargs="+", default=None,
-                   help="chunk schedule (default: the manifest's); every size must be an exported chunk")
+                   help="chunk schedule (default: the manifest's); any sizes within the programs' chunk range")
     d.add_argument("--wav-format", choices=["pcm16", "float32"], default="pcm16",
                    help="16-bit PCM (default) or 32-bit float WAV (the decoder's samples unrounded)")
     d.add_argument("--json", action="store_true", help="print timings (load, per chunk, playback) as JSON")
@@ -139,7 +142,7 @@ def _variants(v: str) -> list[str]:
 def cmd_export(a) -> int:
     from .ship.export import export_artifacts
 
-    export_artifacts(a.model, a.out_dir, ramp=a.ramp, context=a.context, backend=a.backend,
+    export_artifacts(a.model, a.out_dir, ramp=a.ramp, max_chunk=a.max_chunk, context=a.context, backend=a.backend,
                      partitioner=a.partitioner, variants=_variants(a.variant), multi_method=a.multi_method,
                      windows=a.windows, bundle=a.bundle, precision=a.precision, progress=lambda s: print(s, flush=True))
     return EXIT_OK
@@ -178,7 +181,7 @@ def _decode_and_report(artifacts: Path, codes_path: Path, out: Path, variant: st
         return
     print(f"decoded {codes.shape[-1]} frames ({res.audio_seconds:.2f} s) with {res.variant}, ramp {res.ramp}, "
           f"in {len(res.steps)} chunks -> {out} ({wav_format})")
-    print(f"load {res.load_seconds * 1e3:.1f} ms (cold start: every method, before the first chunk)")
+    print(f"load {res.load_seconds * 1e3:.1f} ms (cold start: every method loaded and run once, before the first chunk)")
     print(f"real-time factor {res.real_time_factor:.3f} (compute/audio), first chunk {res.first_chunk_seconds * 1e3:.1f} ms "
           f"({res.steps[0].frames} frames, methods already loaded)")
     print(f"playback at 24 kHz from the first chunk: {res.playback(hop).describe()}")
@@ -246,7 +249,8 @@ def cmd_demo(a) -> int:
     synth("tiny", 0, model)
     arts = out / "artifacts"
     ramp = " ".join(map(str, DEFAULT_RAMP))
-    print(f"[2/4] export both variants, ramp {ramp}, context {DEFAULT_CONTEXT} ({a.backend}) -> {arts}")
+    print(f"[2/4] export both variants, chunks 1..{DEFAULT_MAX_CHUNK} (decode ramp {ramp}), context {DEFAULT_CONTEXT} "
+          f"({a.backend}) -> {arts}")
     export_artifacts(str(model), arts, backend=a.backend, variants=["windowed", "stateful"], multi_method=a.backend == "executorch",
                      progress=lambda s: print("      " + s, flush=True))
     print(f"[3/4] verify {arts}")

@@ -193,8 +193,8 @@ def stress_decoder():
 
 @pytest.fixture(scope="session")
 def stress_programs(stress_decoder, ramp, context, tmp_path_factory) -> ProgramCache:
-    """Stress-checkpoint programs: the first two ramp chunks (lowering time), every flow."""
-    return ProgramCache(stress_decoder, ramp[:2], context, tmp_path_factory.mktemp("stress-programs"), gate="stress")
+    """Stress-checkpoint programs (chunks 1..the ramp's largest), every flow."""
+    return ProgramCache(stress_decoder, max(ramp), context, tmp_path_factory.mktemp("stress-programs"), gate="stress")
 
 
 @pytest.fixture(scope="session")
@@ -219,7 +219,7 @@ def real_model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def programs(decoder, ramp, context, tmp_path_factory) -> ProgramCache:
-    return ProgramCache(decoder, ramp, context, tmp_path_factory.mktemp("programs"))
+    return ProgramCache(decoder, max(ramp), context, tmp_path_factory.mktemp("programs"))
 
 
 ROWS: list[dict] = []  # numerics rows of this session (helpers.numerics_row)

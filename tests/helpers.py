@@ -94,13 +94,14 @@ def numerics_row(flow: str, variant: str, chunk: int | None, diff: Diff, stages:
 
 # ---------------------------------------------------------------- programs
 class ProgramCache:
-    """Exports each (flow, variant) once per session: every ramp chunk as a method of one
-    program, checked stage by stage against eager."""
+    """Exports each (flow, variant, precision) once per session: one method for every chunk
+    1..max_chunk, checked stage by stage against eager."""
 
-    def __init__(self, decoder, ramp, context, root: Path, gate: str | None = None):
-        self.decoder, self.ramp, self.context, self.root = decoder, ramp, context, root
+    def __init__(self, decoder, max_chunk: int, context, root: Path, gate: str | None = None):
+        self.decoder, self.max_chunk, self.context, self.root = decoder, max_chunk, context, root
         self.gate = gate  # tolerance key for every flow (the stress checkpoint's); default: the flow's
         self._built: dict = {}
+        self._references: dict = {}
 
     def get(self, flow_name: str, variant: str, precision: str = "fp32"):
         """-> ({method: ProgramResult}, {method: Loaded})."""
@@ -114,7 +115,7 @@ class ProgramCache:
             reason = flow.unavailable()
             if reason:  # a broken backend is a failure, never a silent skip
                 pytest.fail(f"flow {flow_name} unavailable: {reason}")
-            results, loaded = build(self.decoder, flow, [variant], self.ramp, self.context,
+            results, loaded = build(self.decoder, flow, [variant], self.max_chunk, self.context,
                                     self.root / f"{flow_name}-{precision}-{variant}", multi_method=True, windows=3,
                                     progress=lambda s: print(s, flush=True), gate=self.gate)
             self._built[key] = ({r.spec.method: r for r in results}, loaded)
@@ -127,6 +128,29 @@ class ProgramCache:
         results, loaded = self.get(flow_name, variant, precision)
         return Dispatch({m: Runner(flow_name, loaded[m], {m: r.spec}, self.decoder.config.codebook_size)
                          for m, r in results.items()})
+
+    def chunk_diff(self, flow_name: str, variant: str, chunk: int, precision: str = "fp32", calls: int = 3,
+                   quality: bool = False) -> Diff:
+        """The loaded program on `calls` check calls of `chunk` frames (windows, or one stream's
+        consecutive chunks) against what its build compared it with: the flow's reference decoder
+        (fp64 for eager), or a reduced precision's own eager reference; with `quality`, the fp32
+        eager decoder (a reduced precision's side 2)."""
+        from c2w_export.program.flows import get_flow
+        from c2w_export.program.pipeline import check_method, reference_decoder
+        from c2w_export.program.variants import make_variant, parity_inputs
+
+        results, _ = self.get(flow_name, variant, precision)
+        r = results[variant]
+        if quality:
+            ref = make_variant(self.decoder, variant, self.max_chunk, self.context)
+        elif r.own is not None:
+            ref = r.own
+        else:
+            if flow_name not in self._references:
+                self._references[flow_name] = reference_decoder(self.decoder, get_flow(flow_name))
+            ref = make_variant(self._references[flow_name], variant, self.max_chunk, self.context)
+        inputs = parity_inputs(r.module, calls, seed=chunk, chunk=chunk)
+        return check_method(self.runner(flow_name, variant, precision).run, ref, variant, inputs, r.module.initial_state())
 
 
 # ---------------------------------------------------------------- Hypothesis strategies

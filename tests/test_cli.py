@@ -50,9 +50,9 @@ def _in_process(argv):
 
 @pytest.fixture(scope="session")
 def artifacts(model_dir, tmp_path_factory):
-    """torch_export artifacts, both variants, ramp 2 4: built once by the CLI."""
+    """torch_export artifacts, both variants, chunks 1..4, ramp 2 4: built once by the CLI."""
     def build(out):
-        rc = cli.main(["export", "--model", model_dir, "--out-dir", str(out / "pt2"), "--ramp", *RAMP,
+        rc = cli.main(["export", "--model", model_dir, "--out-dir", str(out / "pt2"), "--ramp", *RAMP, "--max-chunk", "4",
                        "--backend", "torch_export", "--variant", "both"])
         assert rc == 0
     return built_once(tmp_path_factory, "artifacts-pt2", build) / "pt2"
@@ -60,12 +60,12 @@ def artifacts(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def et_artifacts(model_dir, tmp_path_factory):
-    """XNNPACK, one multi-method .pte holding both variants at chunk 2, with bundled vectors."""
+    """XNNPACK, one multi-method .pte holding both variants (chunks 1..25), with bundled vectors."""
     def build(out):
         rc, so, se = c2w("export", "--model", model_dir, "--out-dir", out / "pte", "--ramp", "2", "--variant", "both",
                          "--multi-method", "--bundle")
         assert rc == 0, se
-        assert "[1/2] executorch_xnnpack chunk_2 (chunk 2)" in so and " MB, " in so, so  # progress per program
+        assert "[1/2] executorch_xnnpack windowed (chunks 1..25)" in so and " MB, " in so, so  # progress per program
     return built_once(tmp_path_factory, "artifacts-pte", build) / "pte"
 
 
@@ -79,7 +79,7 @@ def copy_of(tmp_path):
 
 
 # ---------------------------------------------------------------- the happy path
-def test_manifest_v2_contents(artifacts, model_dir):
+def test_manifest_v3_contents(artifacts, model_dir):
     """The manifest against what it describes, measured independently: the hashes of the
     checkpoint's own files (config canonicalised by json, not by DecoderConfig), the files on disk."""
     import hashlib
@@ -88,16 +88,17 @@ def test_manifest_v2_contents(artifacts, model_dir):
     from c2w_export.program.flows import FLOWS
 
     m = mf.load(artifacts)
-    assert m["format_version"] == 2
+    assert m["format_version"] == 3
     assert m["decode"] == {"variants": ["windowed", "stateful"], "ramp": [2, 4], "ramp_reason": "given to export with --ramp",
-                           "context_frames": 72, "hop": 1920, "sample_rate": 24000, "num_quantizers": 16,
+                           "max_chunk": 4, "context_frames": 72, "hop": 1920, "sample_rate": 24000, "num_quantizers": 16,
                            "codebook_size": 2048}
     st = Path(model_dir) / "speech_tokenizer"
     config = json.loads((st / "config.json").read_text())
     assert m["model"]["config_sha256"] == hashlib.sha256(
         json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     assert m["model"]["weights_sha256"] == hashlib.sha256((st / "model.safetensors").read_bytes()).hexdigest()
-    assert [p["method"] for p in m["programs"]] == ["chunk_2", "chunk_4", "stateful_chunk_2", "stateful_chunk_4"]
+    assert [p["method"] for p in m["programs"]] == ["windowed", "stateful"]
+    assert [(p["min_chunk"], p["max_chunk"]) for p in m["programs"]] == [(1, 4), (1, 4)]
     for p in m["programs"]:
         path = artifacts / p["path"]
         assert not os.path.isabs(p["path"]) and path.is_file()
@@ -105,16 +106,22 @@ def test_manifest_v2_contents(artifacts, model_dir):
         assert p["verified"] is True and p["backend"] == "torch_export"
         assert p["parity"]["windows"] >= 3 and p["parity"]["streams"] >= 1
         assert list(p["parity"]["stages"]) == FLOWS["torch_export"].compared
-    stateful = m["programs"][2]
+    stateful = m["programs"][1]
     assert [s["name"] for s in stateful["inputs"]][:2] == ["codes", "pos"]
     assert [s["name"] for s in m["state"]] == [s["name"] for s in stateful["inputs"][1:]]
     assert [s["name"] for s in m["programs"][0]["inputs"]] == ["codes", "history"]  # the exact windowed start
+    # the chunk axis, named: codes [1, 16, 72 + chunk], wav [1, chunk * 1920]; the state has none
+    windowed = m["programs"][0]
+    assert windowed["inputs"][0] == {"name": "codes", "shape": [1, 16, 76], "dtype": "int64", "chunk_axis": 2, "per_chunk": 1}
+    assert windowed["outputs"][0] == {"name": "wav", "shape": [1, 4 * 1920], "dtype": "float32", "chunk_axis": 1,
+                                      "per_chunk": 1920}
+    assert all("chunk_axis" not in s for s in stateful["inputs"][1:])
 
 
 def test_verify_passes_with_table_and_json(artifacts):
     rc, so, se = c2w("verify", "--artifacts", artifacts)
     assert rc == 0, so + se
-    assert "verify: PASS" in so and "stream" in so and "stateful_chunk_4" in so
+    assert "verify: PASS" in so and "stream" in so and "stateful" in so
     rc, so, se = c2w("verify", "--artifacts", artifacts, "--json")
     assert rc == 0
     result = json.loads(so)
@@ -141,8 +148,8 @@ def test_verify_bundle_and_method_rows(et_artifacts, copy_of):
     second = art.manifest["programs"][1]["method"]
     rows = verify_bundles(art)
     assert [(r.check, r.target, r.passed, r.detail) for r in rows] == [
-        ("bundle", "chunk_2", True, "2 vector(s) via bundled API (atol 3e-05, rtol 0)"),
-        ("bundle", "stateful_chunk_2", True, "2 vector(s) via bundled API (atol 3e-05, rtol 0.0001)")], rows
+        ("bundle", "windowed", True, "2 vector(s) via bundled API (atol 3e-05, rtol 0)"),
+        ("bundle", "stateful", True, "2 vector(s) via bundled API (atol 3e-05, rtol 0.0001)")], rows
     root = copy_of(et_artifacts)
     manifest_edit(lambda m: m["programs"][0].pop("bundle"))(root)
     assert [r.target for r in verify_bundles(open_artifacts(root))] == [second]
@@ -183,8 +190,8 @@ def test_profile_counts_what_the_graph_left_outside_the_delegate(et_artifacts):
 PROFILE_ERRORS = [  # (id, artifacts fixture, extra args, message)
     ("unknown-method", "et_artifacts", ["--method", "chunk_9"], "no method 'chunk_9' in "),
     ("not-executorch", "artifacts", [], "holds no ExecuTorch .pte program to profile"),
-    ("pt2-method", "artifacts", ["--method", "chunk_2"], "chunk_2 is a torch_export program (code2wav_chunk_2.pt2): "
-                                                         "only ExecuTorch .pte programs carry an ETDump profile"),
+    ("pt2-method", "artifacts", ["--method", "windowed"], "windowed is a torch_export program (code2wav_windowed.pt2): "
+                                                          "only ExecuTorch .pte programs carry an ETDump profile"),
     ("zero-runs", "et_artifacts", ["--runs", "0"], "profile needs runs >= 1"),
 ]
 
@@ -198,9 +205,9 @@ def test_profile_refuses_by_name(request, fixture, extra, message):
 def test_profile_cli_json(et_artifacts):
     import json
 
-    rc, so, se = c2w("profile", "--artifacts", et_artifacts, "--method", "stateful_chunk_2", "--runs", "1", "--json")
+    rc, so, se = c2w("profile", "--artifacts", et_artifacts, "--method", "stateful", "--runs", "1", "--json")
     assert rc == 0, se
-    rows = json.loads(so)["stateful_chunk_2"]
+    rows = json.loads(so)["stateful"]
     assert {r["where"] for r in rows} == {"xnnpack", "portable", "runtime"}
 
 
@@ -209,7 +216,7 @@ def test_multi_method_file_holds_every_method(et_artifacts):
 
     m = mf.load(et_artifacts)
     assert {p["path"] for p in m["programs"]} == {"code2wav.pte"}
-    assert set(Runtime.get().load_program(str(et_artifacts / "code2wav.pte")).method_names) == {"chunk_2", "stateful_chunk_2"}
+    assert set(Runtime.get().load_program(str(et_artifacts / "code2wav.pte")).method_names) == {"windowed", "stateful"}
 
 
 @pytest.mark.parametrize("variant", ["stateful", "windowed"])
@@ -235,7 +242,7 @@ def test_decode_stateful_check_is_exact(artifacts, tmp_path):
 
 
 def test_decode_options_ramp_json_float_wav(artifacts, tmp_path, decoder):
-    """--ramp runs the sub-ramp, --json gives the timings and the playback as one object, and
+    """--ramp runs that schedule (any sizes in the chunk range), --json gives the timings and the playback as one object, and
     --wav-format float32 writes the samples unrounded: read back by scipy (an independent WAV
     reader), they equal the offline eager decode within the fp32 gate, where 16-bit PCM cannot."""
     from scipy.io import wavfile
@@ -246,11 +253,11 @@ def test_decode_options_ramp_json_float_wav(artifacts, tmp_path, decoder):
     codes = torch.randint(0, 2048, (1, 16, 9), generator=torch.Generator().manual_seed(3))
     torch.save(codes, tmp_path / "codes.pt")
     rc, so, se = c2w("decode", "--artifacts", artifacts, "--codes", tmp_path / "codes.pt", "--out", tmp_path / "f.wav",
-                     "--ramp", "4", "--wav-format", "float32", "--json")
+                     "--ramp", "3", "--wav-format", "float32", "--json")
     assert rc == 0, se
     report = json.loads(so)
-    assert report["ramp"] == [4] and report["wav_format"] == "float32" and report["variant"] == "stateful"
-    assert [(s["start"], s["frames"], s["chunk"]) for s in report["steps"]] == [(0, 4, 4), (4, 4, 4), (8, 1, 4)]
+    assert report["ramp"] == [3] and report["wav_format"] == "float32" and report["variant"] == "stateful"
+    assert [(s["start"], s["frames"]) for s in report["steps"]] == [(0, 3), (3, 3), (6, 3)]
     assert report["load_ms"] > 0 and all(s["ms"] > 0 for s in report["steps"])
     assert set(report["playback"]) == {"first_audio_ms", "underruns", "stall_ms", "startup_buffer_ms"}
     assert report["playback"]["first_audio_ms"] == report["steps"][0]["ms"]
@@ -261,14 +268,14 @@ def test_decode_options_ramp_json_float_wav(artifacts, tmp_path, decoder):
     assert compare(torch.from_numpy(samples)[None], ref).within(tolerance("stateful_stream"))
     # the same ramp, so the two files differ by the 16-bit rounding alone (two ramps differ by float noise too)
     rc, so, se = c2w("decode", "--artifacts", artifacts, "--codes", tmp_path / "codes.pt", "--out", tmp_path / "p.wav",
-                     "--ramp", "4")
+                     "--ramp", "3")
     assert rc == 0, se
     rate, pcm = wavfile.read(tmp_path / "p.wav")
     assert pcm.dtype == np.int16 and np.abs(pcm / 32767.0 - samples).max() <= 0.5 / 32767 + 1e-6
 
 
 BAD_DECODE_OPTIONS = [
-    ("ramp-not-exported", ["--ramp", "8"], "needs stateful chunk(s) [8], which"),
+    ("ramp-past-the-max", ["--ramp", "8"], "ramp [8] goes past the programs' largest chunk, 4 ("),
     ("ramp-zero", ["--ramp", "0"], "ramp must hold positive chunk sizes"),
     ("wav-format", ["--wav-format", "mp3"], "invalid choice: 'mp3'"),
 ]
@@ -331,9 +338,11 @@ BAD_ARTIFACTS = [
     ("flipped-byte", lambda r: _flip(r / "code2wav.pte"), "sha256 mismatch"),
     ("missing-file", lambda r: (r / "code2wav.pte").unlink(), "missing artifact file code2wav.pte"),
     ("missing-field", manifest_edit(lambda m: m["decode"].pop("hop")), "missing required field 'hop'"),
-    ("wrong-type", manifest_edit(lambda m: m["programs"][0].__setitem__("chunk", "2")), "chunk must be int"),
-    ("format-version", manifest_edit(lambda m: m.__setitem__("format_version", 3)), "unknown format_version 3"),
+    ("wrong-type", manifest_edit(lambda m: m["programs"][0].__setitem__("max_chunk", "2")), "max_chunk must be int"),
+    ("format-version", manifest_edit(lambda m: m.__setitem__("format_version", 4)), "unknown format_version 4"),
     ("v1-manifest", manifest_edit(lambda m: m.__setitem__("format_version", 1)), "re-export"),
+    ("v2-manifest", manifest_edit(lambda m: m.__setitem__("format_version", 2)),
+     "v2 holds one method per chunk size, this c2w-export one per variant for every size: re-export"),
     ("no-ramp-reason", manifest_edit(lambda m: m["decode"].pop("ramp_reason")), "missing required field 'ramp_reason'"),
     ("no-manifest", lambda r: (r / "manifest.json").unlink(), "no manifest.json"),
     ("not-json", lambda r: (r / "manifest.json").write_text("{"), "not valid JSON"),
@@ -378,7 +387,7 @@ art = open_artifacts(sys.argv[1])
 state = list(art.initial_state())
 state[3] = state[3].clone().fill_(float(sys.argv[2]))
 try:
-    art.programs().run("stateful_chunk_2", (torch.zeros(1, 16, 2, dtype=torch.int64), *state))
+    art.programs().run("stateful", (torch.zeros(1, 16, 2, dtype=torch.int64), *state))
 except InputError as e:
     print("InputError:", e)
     sys.exit(2)
@@ -459,19 +468,19 @@ def test_verify_rejects_replaced_program_with_loosened_tolerance(artifacts, copy
     manifest: verify checks at the installed table's tolerance, names the method and the looser record."""
     other_model, other = tmp_path / "m1", tmp_path / "a1"
     assert cli.main(["synth", "--seed", "1", "--out", str(other_model)]) == 0
-    assert cli.main(["export", "--model", str(other_model), "--out-dir", str(other), "--ramp", "2",
+    assert cli.main(["export", "--model", str(other_model), "--out-dir", str(other), "--ramp", "2", "--max-chunk", "4",
                      "--backend", "torch_export"]) == 0
     root = copy_of(artifacts)
-    shutil.copy(other / "code2wav_chunk_2.pt2", root / "code2wav_chunk_2.pt2")
-    _rehash(root, "code2wav_chunk_2.pt2")
+    shutil.copy(other / "code2wav_windowed.pt2", root / "code2wav_windowed.pt2")
+    _rehash(root, "code2wav_windowed.pt2")
     manifest_edit(lambda m: [p.__setitem__("tolerance", {"max_abs": 10.0, "min_snr_db": -100.0, "why": "trust me"})
                               for p in m["programs"]])(root)
     rc, so, se = c2w("verify", "--artifacts", root, "--json")
     assert rc == 1, so + se
     rows = json.loads(so)["rows"]
     failed = {(r["check"], r["target"]) for r in rows if not r["passed"]}
-    assert ("windows", "chunk_2") in failed and ("windows", "chunk_4") not in failed, failed
-    assert ("tolerance", "chunk_2") in failed
+    assert ("windows", "windowed") in failed and ("windows", "stateful") not in failed, failed
+    assert ("tolerance", "windowed") in failed
     loose = next(r for r in rows if r["check"] == "tolerance")
     assert "looser tolerance" in loose["detail"] and loose["tolerance"]["max_abs"] == 3e-5
 
@@ -485,16 +494,14 @@ def test_verify_names_the_wrong_method_of_a_multi_method_pte(et_artifacts, copy_
     from c2w_export.program.pipeline import ProgramResult
     from c2w_export.program.prepare import prepare
     from c2w_export.program.tolerances import tolerance
-    from c2w_export.program.variants import initial_state, make_variant
+    from c2w_export.program.variants import example_inputs, make_variant
     from c2w_export.ship.bundle import write_bundles
 
     other = make_decoder(preset("tiny"), 1)
-    mods = {"chunk_2": make_variant(prepare(decoder), "windowed", 2, 72),  # prepared, as export does: the session has lowered it
-            "stateful_chunk_2": make_variant(prepare(other), "stateful", 2, 0)}
+    mods = {"windowed": make_variant(prepare(decoder), "windowed", 25, 72),  # prepared, as export does: the session has lowered it
+            "stateful": make_variant(prepare(other), "stateful", 25, 0)}
     root = copy_of(et_artifacts)
-    work = Work(mods, {"chunk_2": (torch.zeros(1, 16, 74, dtype=torch.int64), torch.tensor([72])),
-                       "stateful_chunk_2": (torch.zeros(1, 16, 2, dtype=torch.int64), *initial_state(other))},
-                root, "code2wav")
+    work = Work(mods, {m: example_inputs(v) for m, v in mods.items()}, root, "code2wav")
     SerializePte().run(Lower("xnnpack").run(Export().run(mods, work), work), work)
     results = [ProgramResult("executorch_xnnpack", m.spec(), root / "code2wav.pte", tolerance("executorch_xnnpack"))
                for m in mods.values()]
@@ -505,20 +512,20 @@ def test_verify_names_the_wrong_method_of_a_multi_method_pte(et_artifacts, copy_
     assert rc == 1, so + se
     rows = json.loads(so)["rows"]
     failed = {(r["check"], r["target"]) for r in rows if not r["passed"]}
-    assert ("windows", "stateful_chunk_2") in failed and ("bundle", "stateful_chunk_2") in failed, failed
-    assert ("windows", "chunk_2") not in failed and ("bundle", "chunk_2") not in failed, failed
+    assert ("windows", "stateful") in failed and ("bundle", "stateful") in failed, failed
+    assert ("windows", "windowed") not in failed and ("bundle", "windowed") not in failed, failed
     assert any(c == "stream" and t.startswith("stateful") for c, t in failed), failed
 
 
 def test_verify_reports_an_extra_method(et_artifacts, copy_of):
     """A file holding a method the manifest does not name fails the 'methods' check by name."""
     root = copy_of(et_artifacts)
-    manifest_edit(lambda m: m.__setitem__("programs", [p for p in m["programs"] if p["method"] != "stateful_chunk_2"]))(root)
+    manifest_edit(lambda m: m.__setitem__("programs", [p for p in m["programs"] if p["method"] != "stateful"]))(root)
     manifest_edit(lambda m: m["decode"].__setitem__("variants", ["windowed"]))(root)
     rc, so, se = c2w("verify", "--artifacts", root, "--json")
     assert rc == 1, so + se
     row = next(r for r in json.loads(so)["rows"] if r["check"] == "methods")
-    assert not row["passed"] and "stateful_chunk_2" in row["detail"]
+    assert not row["passed"] and "'stateful'" in row["detail"]
 
 
 def test_over_tolerance_is_not_shipped(model_dir, tmp_path, monkeypatch, capsys):
@@ -529,7 +536,7 @@ def test_over_tolerance_is_not_shipped(model_dir, tmp_path, monkeypatch, capsys)
     rc = cli.main(["export", "--model", model_dir, "--out-dir", str(tmp_path), "--backend", "torch_export", "--ramp", "2"])
     err = capsys.readouterr().err
     assert rc == 1
-    assert "not shipped" in err and "torch_export chunk_2" in err and "max_abs=" in err
+    assert "not shipped" in err and "torch_export windowed" in err and "max_abs=" in err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -547,7 +554,8 @@ def test_failure_halfway_leaves_nothing(model_dir, tmp_path, monkeypatch, capsys
         return real(self, programs, work)
 
     monkeypatch.setattr(SerializePt2, "run", flaky)
-    rc = cli.main(["export", "--model", model_dir, "--out-dir", str(tmp_path), "--backend", "torch_export", "--ramp", "2", "4"])
+    rc = cli.main(["export", "--model", model_dir, "--out-dir", str(tmp_path), "--backend", "torch_export", "--ramp", "2", "4",
+                   "--variant", "both"])
     assert rc == 2 and "injected" in capsys.readouterr().err
     assert calls["n"] == 2
     assert list(tmp_path.iterdir()) == [], "partial artifacts left behind"

@@ -71,14 +71,15 @@ TRANSPOSED_SHAPES = [  # (id, kernel, stride, valid): kernel == stride, or strid
 
 @pytest.mark.parametrize("kernel,stride,valid", cases(TRANSPOSED_SHAPES))
 def test_transposed_conv_shapes(kernel, stride, valid):
-    """The carry of a transposed conv holds its overlap K-S with the next chunk; more than one
-    chunk of overlap (K > 2S) or none to carry the bias (K < S) is refused by name."""
+    """The history of a transposed conv holds the one input frame whose kernel overlaps the next
+    chunk (K > S), none when K == S; more than one chunk of overlap (K > 2S) or a kernel shorter than
+    its stride (K < S) is refused by name."""
     from c2w_export.model.layers import CausalConvTranspose1d
 
     if valid:
         conv = CausalConvTranspose1d(2, 3, kernel, stride)
         conv.state_name = "up"
-        assert conv.state_shapes() == ({"up.carry": (3, kernel - stride)} if kernel > stride else {})
+        assert conv.state_shapes() == ({"up.history": (2, 1)} if kernel > stride else {})
         return
     with pytest.raises(ValueError, match=rf"^transposed conv needs kernel == stride or stride < kernel <= 2\*stride, "
                                          rf"got {kernel}, {stride}$"):
@@ -122,18 +123,18 @@ def decoder64(model_dir):
 
 
 def _cut_and_offline(decoder, chunk, history, seed):
-    """(window decoded with tail=chunk, the offline decode of the window's real frames: its last
+    """(window decoded with context=72, the offline decode of the window's real frames: its last
     `chunk` frames), the window being 72 + chunk frames of which the last history + chunk are real."""
     codes = random_codes(decoder, 72 + chunk, seed)
     with torch.no_grad():
-        cut, _ = decoder.step(codes, {}, first=torch.tensor([72 - history]), tail=chunk)
+        cut, _ = decoder.step(codes, {}, first=torch.tensor([72 - history]), context=72)
         offline = decoder(codes[..., 72 - history:])
     return cut, offline[..., -chunk * decoder.config.hop:]
 
 
 @pytest.mark.parametrize("frames,history", cases(WINDOW_CUTS))
 def test_window_cut_to_the_frames_its_audio_depends_on(decoder64, frames, history):
-    """A window decoded with `tail` (the conv stack cut to `stack_frames(tail)` before each layer,
+    """A window decoded with `context` (the conv stack cut to `stack_frames(chunk)` before each layer,
     as the windowed programs run) against the offline decode of the window's real frames (no cut,
     no absent frames), in fp64. The cut is real: the stack's first layer sees fewer frames than the
     window holds."""
@@ -147,33 +148,49 @@ def test_window_cut_to_the_frames_its_audio_depends_on(decoder64, frames, histor
 def test_window_cut_one_frame_short_anywhere_fails(decoder64, monkeypatch):
     """The gate above on a deliberate bug: one frame fewer before any one layer of the stack (a
     reach off by one) moves the chunk's audio beyond it (full history: every cut frame is real)."""
-    needs = decoder64.stack_frames(2)
+    needs = decoder64.stack_frames(0)  # step reads the frames needed beyond the chunk's own
     for i in range(len(needs)):
         short = [n - (j == i) for j, n in enumerate(needs)]
-        monkeypatch.setattr(decoder64, "stack_frames", lambda tail: short)
+        monkeypatch.setattr(decoder64, "stack_frames", lambda tail: [tail + n for n in short])
         d = compare(*_cut_and_offline(decoder64, 2, 72, 11))
         assert not d.within(tolerance("window_cut", "float64")), f"layer {i} cut to {short[i]} frames: {d.describe()}"
 
 
 def test_window_cut_needs_an_empty_state(decoder):
     with pytest.raises(ValueError, match="without state"):
-        decoder.step(random_codes(decoder, 3, 0), decoder.initial_state(), tail=1)
+        decoder.step(random_codes(decoder, 3, 0), decoder.initial_state(), context=1)
 
 
-@pytest.mark.parametrize("bias_shape", ["flat", "folded"])
-def test_causal_conv_transpose_offline_is_torchs_conv_trimmed(bias_shape):
-    """Offline (no carry), our causal transposed conv is torch's own transposed conv with its bias,
-    the last K-S samples trimmed; the bias may come as [Cout] or folded as [1, Cout, 1] (prepare)."""
+def test_causal_conv_transpose_offline_is_torchs_conv_trimmed():
+    """Offline (no history), our causal transposed conv is torch's own transposed conv with its
+    bias, the last K-S samples trimmed (they belong to the next chunk)."""
     import torch.nn.functional as F
 
-    from c2w_export.model.layers import overlap_add
+    from c2w_export.model.layers import causal_conv_transpose1d
 
     g = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(1, 3, 5, generator=g), torch.randn(3, 2, 8, generator=g), torch.randn(2, generator=g)
-    y, carry = overlap_add(F.conv_transpose1d(x, w, stride=4), None, b if bias_shape == "flat" else b[None, :, None], 20)
+    y, _ = causal_conv_transpose1d(x, None, w, b, 4)
     full = F.conv_transpose1d(x, w, b, stride=4)
     assert torch.allclose(y, full[..., :20], atol=1e-6) and y.shape == (1, 2, 20)
-    assert torch.allclose(carry, full[..., 20:] - b[None, :, None], atol=1e-6)  # the tail, bias taken out
+
+
+@pytest.mark.parametrize("split", [1, 2, 4])
+def test_causal_conv_transpose_chunked_is_offline(split):
+    """Chunk by chunk, each carrying its input history, the causal transposed conv equals the
+    offline one (fp64); the history is the chunk's last input frame."""
+    from c2w_export.model.layers import causal_conv_transpose1d
+
+    g = torch.Generator().manual_seed(1)
+    x, w, b = (torch.randn(1, 3, 8, generator=g, dtype=torch.float64), torch.randn(3, 2, 8, generator=g, dtype=torch.float64),
+               torch.randn(2, generator=g, dtype=torch.float64))
+    offline, _ = causal_conv_transpose1d(x, None, w, b, 4)
+    hist, pieces = torch.zeros(1, 3, 1, dtype=torch.float64), []
+    for part in x.split(split, dim=-1):
+        y, hist = causal_conv_transpose1d(part, hist, w, b, 4)
+        pieces.append(y)
+    assert torch.equal(hist, x[..., -1:])
+    assert (torch.cat(pieces, -1) - offline).abs().max() < 1e-12
 
 
 PHASE_CASES = [  # (id, kernel, stride): every shape CausalConvTranspose1d accepts
@@ -184,28 +201,36 @@ PHASE_CASES = [  # (id, kernel, stride): every shape CausalConvTranspose1d accep
 ]
 
 
-@pytest.mark.parametrize("kernel,stride", cases(PHASE_CASES))
-def test_transposed_conv_by_phases_is_torchs_transposed_conv(kernel, stride):
-    """prepare's conv of the output phases equals torch's own transposed conv, in float64."""
+def _by_phases_and_torch(kernel, stride, history, taps_swapped=False):
+    """(prepare's causal conv of the output phases, torch's transposed conv of [history, x] cut to
+    x's samples), float64; the history is one frame or None (a stream start)."""
     import torch.nn.functional as F
 
-    from c2w_export.program.prepare import conv_transpose1d_by_phases, phase_weight
+    from c2w_export.program.prepare import causal_conv_transpose1d_by_phases, phase_weight
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 7, generator=g, dtype=torch.float64)
     w = torch.randn(3, 5, kernel, generator=g, dtype=torch.float64)
-    full = F.conv_transpose1d(x, w, stride=stride)
-    got = conv_transpose1d_by_phases(x, phase_weight(w, stride), stride, kernel)
-    assert got.shape == full.shape and torch.allclose(got, full, atol=1e-12)
+    h = -(-kernel // stride) - 1
+    past = torch.randn(2, 3, h, generator=g, dtype=torch.float64) if history else torch.zeros(2, 3, h, dtype=torch.float64)
+    phases = phase_weight(w, stride)
+    got, new = causal_conv_transpose1d_by_phases(x, past if history else None, phases.flip(-1) if taps_swapped else phases,
+                                                 None, stride)
+    full = F.conv_transpose1d(torch.cat([past, x], -1), w, stride=stride)
+    return got, full[..., h * stride: (h + 7) * stride], new
+
+
+@pytest.mark.parametrize("history", [False, True], ids=["stream-start", "with-history"])
+@pytest.mark.parametrize("kernel,stride", cases(PHASE_CASES))
+def test_transposed_conv_by_phases_is_torchs_transposed_conv(kernel, stride, history):
+    """prepare's causal conv of the output phases equals torch's own transposed conv of the
+    history and the chunk, cut to the chunk's samples, in float64."""
+    got, want, new = _by_phases_and_torch(kernel, stride, history)
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-12)
+    assert new.shape[-1] == -(-kernel // stride) - 1
 
 
 def test_transposed_conv_by_phases_check_catches_taps_in_the_wrong_order():
     """The check above, on phase weights with their two taps swapped: far off."""
-    import torch.nn.functional as F
-
-    from c2w_export.program.prepare import conv_transpose1d_by_phases, phase_weight
-
-    g = torch.Generator().manual_seed(0)
-    x, w = torch.randn(1, 3, 7, generator=g, dtype=torch.float64), torch.randn(3, 5, 8, generator=g, dtype=torch.float64)
-    got = conv_transpose1d_by_phases(x, phase_weight(w, 4).flip(-1), 4, 8)
-    assert (got - F.conv_transpose1d(x, w, stride=4)).abs().max() > 0.1
+    got, want, _ = _by_phases_and_torch(8, 4, True, taps_swapped=True)
+    assert (got - want).abs().max() > 0.1

@@ -140,10 +140,10 @@ def test_a_broken_fold_fails_at_the_prepare_stage(decoder, ramp, context, tmp_pa
 
     flow = FLOWS["torch_export"]
     assert flow.compared[0] == "prepare"
-    results, _ = build(decoder, flow, ["stateful"], ramp[:1], context, tmp_path / "ok", windows=1)
+    results, _ = build(decoder, flow, ["stateful"], 3, context, tmp_path / "ok", windows=1)
     assert results[0].passed, results[0].failure()
     monkeypatch.setattr(pp, name, broken(getattr(pp, name)))
-    results, _ = build(decoder, flow, ["stateful"], ramp[:1], context, tmp_path / "bad", windows=1)
+    results, _ = build(decoder, flow, ["stateful"], 3, context, tmp_path / "bad", windows=1)
     assert not results[0].stages["prepare"].within(results[0].tolerance), results[0].stages["prepare"].describe()
     assert "stage 'prepare' diverged" in results[0].failure()
 
@@ -156,13 +156,13 @@ def test_verify_report_table_and_json_by_hand():
     from c2w_export.ship.verify import EXIT_PARITY, Report, Row
 
     rows = [Row("hashes", "2 file(s)", None, None, True),
-            Row("windows", "chunk_2", _diff(2.5e-6, 110.04), TOL, True),
+            Row("windows", "windowed", _diff(2.5e-6, 110.04), TOL, True),
             Row("stream", "stateful (9 frames)", _diff(0.0, math.inf), TOL, False, "over tolerance: x")]
     r = Report(rows, EXIT_PARITY)
     assert r.table().splitlines() == [
         "check      target                        max_abs   SNR dB       tol  result",
         "hashes     2 file(s)                           -        -         -  PASS",
-        "windows    chunk_2                       2.5e-06    110.0     0.001  PASS",
+        "windows    windowed                      2.5e-06    110.0     0.001  PASS",
         "stream     stateful (9 frames)                 0      inf     0.001  FAIL  over tolerance: x",
     ]
     j = json.loads(r.to_json())
@@ -176,39 +176,56 @@ def test_verify_report_table_and_json_by_hand():
 
 
 class _Lazy:
-    """A runtime that records which methods it was asked to preload, or fails doing it."""
+    """A runtime that records which methods it was asked to preload (or fails doing it) and the
+    shapes of each call it runs."""
 
-    def __init__(self, methods, fail=False):
-        self.methods, self.fail, self.preloaded = list(methods), fail, []
+    def __init__(self, specs, fail=False):
+        self.specs, self.methods, self.fail, self.preloaded, self.calls = specs, list(specs), fail, [], []
 
     def preload(self, methods):
         if self.fail:
             raise RuntimeError("no memory")
         self.preloaded.append(sorted(methods))
 
+    def run(self, method, inputs):
+        self.calls.append((method, [tuple(x.shape) for x in inputs]))
+        return tuple(torch.zeros(s.shape) for s in self.specs[method].outputs)
+
 
 def _dispatch(*loaded):
     from c2w_export.program.runner import Dispatch, Runner
 
-    one = [Runner("executorch_xnnpack", lo, dict.fromkeys(lo.methods), 2048) for lo in loaded]  # one per program
+    one = [Runner("executorch_xnnpack", lo, lo.specs, 2048) for lo in loaded]  # one per program
     return Dispatch({m: r for r in one for m in r.specs})
 
 
-def test_preload_loads_each_program_once_with_its_own_methods():
-    a, b = _Lazy(["chunk_2", "chunk_4"]), _Lazy(["stateful_chunk_2"])
+def test_preload_loads_each_program_once_and_warms_each_method_at_its_largest_chunk(decoder):
+    """Cold start: every program loads its methods in one call, then each method runs once at its
+    largest chunk (so a stream's first chunk is a warm call); warm=False only loads."""
+    from c2w_export.program.variants import Stateful, Windowed
+
+    windowed, stateful = Windowed(decoder, 25, 72).spec(), Stateful(decoder, 8).spec()
+    a, b = _Lazy({"windowed": windowed}), _Lazy({"stateful": stateful})
     d = _dispatch(a, b)
     d.preload()
-    assert a.preloaded == [["chunk_2", "chunk_4"]] and b.preloaded == [["stateful_chunk_2"]]
-    assert d.methods == ["chunk_2", "chunk_4", "stateful_chunk_2"]
+    assert a.preloaded == [["windowed"]] and b.preloaded == [["stateful"]]
+    assert d.methods == ["stateful", "windowed"]
+    assert a.calls == [("windowed", [(1, 16, 97), (1,)])]
+    assert b.calls == [("stateful", [(1, 16, 8)] + [s.shape for s in stateful.inputs[1:]])]
+    c = _Lazy({"windowed": windowed})
+    _dispatch(c).preload(warm=False)
+    assert c.preloaded == [["windowed"]] and c.calls == []
 
 
-def test_preload_failure_names_the_flow_and_the_cause():
+def test_preload_failure_names_the_flow_and_the_cause(decoder):
+    from c2w_export.program.variants import Windowed
+
     with pytest.raises(FlowError, match=r"executorch_xnnpack: loading methods failed: RuntimeError: no memory"):
-        _dispatch(_Lazy(["chunk_2"], fail=True)).preload()
+        _dispatch(_Lazy({"windowed": Windowed(decoder, 2, 72).spec()}, fail=True)).preload()
 
 
 FLOW_GROUPS = [  # (id, node id, the xdist work unit it joins)
-    ("flow-param", "tests/test_parity.py::test_drawn_windows[executorch_xnnpack-chunk4]", "executorch_xnnpack"),
+    ("flow-param", "tests/test_parity.py::test_drawn_windows[executorch_xnnpack]", "executorch_xnnpack"),
     ("flow-last", "tests/test_streaming.py::test_windowed_stream_vs_upstream[T7-executorch_portable]", "executorch_portable"),
     ("named-test", "tests/test_parity.py::test_multi_method_pte_shares_weights", "executorch_xnnpack"),
     ("no-flow", "tests/test_gate.py::test_describe_by_hand[equal]", "tests/test_gate.py::test_describe_by_hand[equal]"),

@@ -13,14 +13,13 @@ import torch
 from c2w_export.program import lowering
 from c2w_export.program.flows import delegation, op_name
 from c2w_export.program.prepare import prepare
-from c2w_export.program.variants import example_inputs, make_variant
+from c2w_export.program.variants import example_inputs, export_variant, make_variant
 from helpers import cases
 
 
-def _export(decoder, variant, chunk, seed=0):
-    m = make_variant(decoder, variant, chunk, 72)
-    with torch.no_grad():
-        return m.method, torch.export.export(m, example_inputs(m, seed=seed), strict=False)
+def _export(decoder, variant, max_chunk, seed=0):
+    m = make_variant(decoder, variant, max_chunk, 72)
+    return m.method, export_variant(m, example_inputs(m, seed=seed), m)
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +29,10 @@ def prepared(decoder):
 
 @pytest.fixture(scope="module")
 def two(prepared):
-    """chunk_1 and stateful_chunk_1 of the session checkpoint, exported as the flows export them."""
-    return dict(_export(prepared, v, 1) for v in ("windowed", "stateful"))
+    """The windowed and stateful methods (chunks 1..25, context 72) of the session checkpoint,
+    exported as the flows export them: the session's XNNPACK programs, so the lowering cache holds
+    them once any test has lowered them."""
+    return dict(_export(prepared, v, 25) for v in ("windowed", "stateful"))
 
 
 def _whole(programs, partitioner):
@@ -41,11 +42,10 @@ def _whole(programs, partitioner):
 
 
 def test_xnnpack_per_method_is_the_whole_program_byte_for_byte(two):
-    """Each method lowered alone (what a worker process does), carried as serde bytes and combined,
-    against one to_edge_transform_and_lower call of both: the same bytes, so the weights the methods
-    share stay shared."""
-    arts = {m: lowering.lower_one(ep, "xnnpack") for m, ep in two.items()}
-    assert lowering.combine(arts).to_executorch().buffer == _whole(two, "xnnpack")
+    """Each method lowered alone (as a worker or an earlier test of the session did), carried as
+    serde bytes (through the session's cache) and combined, against one to_edge_transform_and_lower
+    call of both: the same bytes, so the weights the methods share stay shared."""
+    assert lowering.lower_methods(two, "xnnpack").to_executorch().buffer == _whole(two, "xnnpack")
 
 
 def test_worker_processes_give_the_same_bytes(two, monkeypatch, tmp_path):
@@ -58,7 +58,7 @@ def test_worker_processes_give_the_same_bytes(two, monkeypatch, tmp_path):
     assert lowering.lower_methods(two, "portable", lines.append).to_executorch().buffer == whole
     assert "      lowering 2 method(s) in 2 worker processes" in lines
     assert sorted(line.split(" in ")[0].strip() for line in lines if line.endswith("(worker)")) == \
-        ["lowered chunk_1", "lowered stateful_chunk_1"], lines
+        ["lowered stateful", "lowered windowed"], lines
     assert len(list(tmp_path.glob("*.lowered"))) == 2
     lines.clear()
     assert lowering.lower_methods(two, "portable", lines.append).to_executorch().buffer == whole
@@ -75,8 +75,8 @@ def test_a_broken_pool_falls_back_to_this_process(two, monkeypatch):
     monkeypatch.setenv(lowering.WORKERS_ENV, "2")
     monkeypatch.setattr(lowering, "_lower_in_pool", broken)
     lines = []
-    one = {"chunk_1": two["chunk_1"]}
-    assert lowering.lower_methods({**one, "again": two["chunk_1"]}, "portable", lines.append).methods == {"chunk_1", "again"}
+    one = {"windowed": two["windowed"]}
+    assert lowering.lower_methods({**one, "again": two["windowed"]}, "portable", lines.append).methods == {"windowed", "again"}
     assert any("worker processes failed (a child process terminated abruptly); lowering the rest in this process" in s
                for s in lines), lines
 
@@ -86,32 +86,32 @@ def test_a_worker_that_cannot_load_the_program_leaves_it_to_the_parent():
     assert art is None and why, why
 
 
-KEY_CHANGES = [  # (id, what differs from chunk_1 of the prepared decoder)
+KEY_CHANGES = [  # (id, what differs from the windowed method (chunks 1..25) of the prepared decoder)
     ("one-weight-1e-3", "weight"),
-    ("another-chunk", "chunk"),
+    ("another-chunk-range", "chunk"),
     ("another-partitioner", "partitioner"),
 ]
 
 
 @pytest.mark.parametrize("change", cases(KEY_CHANGES))
 def test_the_cache_key_changes_with_the_program(prepared, two, change):
-    """A program that differs in one weight by 1e-3, in shape, or in its partitioner never gets
+    """A program that differs in one weight by 1e-3, in its chunk range, or in its partitioner never gets
     another's lowering: each has its own key. The key ignores the example inputs' values, which
     do not reach the graph."""
     import copy
 
-    key = lowering.program_key(two["chunk_1"], "xnnpack")
-    assert lowering.program_key(_export(prepared, "windowed", 1, seed=5)[1], "xnnpack") == key
+    key = lowering.program_key(two["windowed"], "xnnpack")
+    assert lowering.program_key(_export(prepared, "windowed", 25, seed=5)[1], "xnnpack") == key
     if change == "weight":
         other = copy.deepcopy(prepared)
         w = other.pre_transformer.layers[0].self_attn.o_proj.weight
         with torch.no_grad():
             w[0, 0] *= 1.001
-        assert lowering.program_key(_export(other, "windowed", 1)[1], "xnnpack") != key
+        assert lowering.program_key(_export(other, "windowed", 25)[1], "xnnpack") != key
     elif change == "chunk":
-        assert lowering.program_key(_export(prepared, "windowed", 2)[1], "xnnpack") != key
+        assert lowering.program_key(_export(prepared, "windowed", 24)[1], "xnnpack") != key
     else:
-        assert lowering.program_key(two["chunk_1"], "portable") != key
+        assert lowering.program_key(two["windowed"], "portable") != key
 
 
 @pytest.mark.parametrize("value,message", cases([
@@ -239,7 +239,55 @@ def test_windowed_program_recomputes_no_constant_and_expands_nothing_outside_the
     positions, sliding-window mask and RoPE tables are folded), and the frame masks are broadcast,
     not materialized: no expand_copy or repeat runs on portable kernels (20 expand_copy took ~5 of
     a tiny windowed call's ~21 ms before)."""
-    ep = lowering.lower_together({"chunk_1": two["chunk_1"]}, "xnnpack").exported_program("chunk_1")
+    ep = lowering.lower_methods({"windowed": two["windowed"]}, "xnnpack").exported_program("windowed")  # the session's
     assert constant_only_outside(ep) == []
     outside = delegation(ep.graph)["outside"]
     assert not {"expand_copy", "repeat"} & set(outside), outside
+
+
+# ---------------------------------------------------------------- dynamic programs, delegated whole
+def test_dynamic_programs_are_delegated_whole(programs, pytestconfig):
+    """Each variant's one XNNPACK method (chunks 1..max) runs as at most 3 partitions with no op
+    outside the delegate between two of them: what stays outside prepares the inputs (positions,
+    masks, the codebook lookup) or copies the new state out. Every reshape is delegated."""
+    from helpers import require_flow
+
+    require_flow(pytestconfig, "executorch_xnnpack")
+    for variant in ("windowed", "stateful"):
+        d = programs.get("executorch_xnnpack", variant)[0][variant].delegation
+        print(f"{variant}: {d}")
+        assert d["partitions"] <= 3 and d["between_ops"] == 0, (variant, d)
+        assert "view_copy" not in d["outside"], (variant, d)
+
+
+def test_a_reshape_with_a_symbolic_size_splits_the_delegate(decoder, monkeypatch):
+    """The check above on a deliberate bug: the phase interleave written as a reshape of the
+    transposed tensor (export traces it with the size computed, a symbolic size XNNPACK does not
+    delegate) leaves ops between partitions, and more partitions."""
+    from c2w_export.program import prepare as pp
+
+    def symbolic(y, stride):
+        b, channels, t = y.shape
+        return y.view(b, channels // stride, stride, t).transpose(2, 3).reshape(b, channels // stride, t * stride)
+
+    monkeypatch.setattr(pp, "interleave_phases", symbolic)
+    _, ep = _export(prepare(decoder), "stateful", 25)
+    d = delegation(lowering.lower_together({"stateful": ep}, "xnnpack").exported_program("stateful").graph)
+    assert d["between_ops"] > 0 and d["partitions"] > 3 and "view_copy" in d["outside"], d
+
+
+def test_export_refuses_a_chunk_range_a_guard_narrowed(prepared):
+    """A guard can narrow the dynamic range without an error from torch.export (a conv's Ne(t, 1)
+    on a range of 1..2 leaves only 2); the program would refuse the other chunks, so export refuses
+    it, naming the range it got and the one it wanted."""
+    from c2w_export.program.variants import Stateful
+
+    class Narrowed(Stateful):
+        def forward(self, codes, *state):
+            torch._check(codes.shape[2] >= 3)
+            return super().forward(codes, *state)
+
+    m = Narrowed(prepared, 4).eval()
+    with pytest.raises(ValueError, match=r"^torch.export narrowed the codes' frame axis of stateful to 3\.\.4 \(wanted "
+                                         r"1\.\.4: chunks 1\.\.4\)"):
+        export_variant(m, example_inputs(m), m)

@@ -1,5 +1,6 @@
 """Reduced-precision programs (program/precision.py) and their two-sided gate, on tiny, for both
-variants at the ramp's first two chunks:
+variants (one method each, checked at chunk sizes the build draws and at the ramp's first two and
+last chunks):
 
 1. each program against its own eager reference at that precision (exporter and runtime bugs);
 2. each program against the fp32 eager decoder, and upstream, at the precision's quality floor.
@@ -33,21 +34,22 @@ CASES = [(f"{name}-{variant}", name, variant) for name in PRECISION_FLOWS for va
 
 @pytest.fixture(scope="session")
 def pramp(ramp):
-    """The chunks of the reduced-precision programs: the ramp's first two (every lowered method
-    costs ~20-30 s; the first chunks are the ones that set first audio)."""
-    return ramp[:2]
+    """The chunks the reduced-precision programs are checked at, beside the build's drawn ones:
+    the ramp's first two (the ones that set first audio) and its last."""
+    return [*ramp[:2], ramp[-1]]
 
 
 @pytest.fixture(scope="session")
-def reduced(decoder, pramp, context, tmp_path_factory, pytestconfig):
-    """(flow, precision, variant) -> ({method: ProgramResult}, Dispatch), built once per session."""
-    cache = ProgramCache(decoder, pramp, context, tmp_path_factory.mktemp("reduced"))
+def reduced(decoder, ramp, context, tmp_path_factory, pytestconfig):
+    """(flow, precision, variant) -> ({method: ProgramResult}, Dispatch, ProgramCache), built once
+    per session: one method for chunks 1..max."""
+    cache = ProgramCache(decoder, max(ramp), context, tmp_path_factory.mktemp("reduced"))
 
     def get(name, variant):
         flow, precision = PRECISION_FLOWS[name]
         require_flow(pytestconfig, flow)
         results, _ = cache.get(flow, variant, precision)
-        return results, cache.runner(flow, variant, precision)
+        return results, cache.runner(flow, variant, precision), cache
     return get
 
 
@@ -58,21 +60,25 @@ def test_programs_pass_both_gates(reduced, name, variant, pramp, numerics_log):
     reference at the flow's gate for the dtype; the loaded program against fp32 at the quality floor."""
     flow_name, precision = PRECISION_FLOWS[name]
     dtype = PRECISIONS[precision].key
-    results, _ = reduced(name, variant)
+    results, _, cache = reduced(name, variant)
     flow = with_precision(FLOWS[flow_name], precision)
+    r = results[method_name(variant)]
+    assert r.passed, r.failure()
+    assert list(r.stages) == [*flow.compared, QUALITY]
+    own, quality = tolerance(flow_name, dtype), tolerance(QUALITY, dtype)
+    k = flow.compared.index(PRECISIONS[precision].stage().name)
+    assert {s: r.gate(s) for s in r.stages} == {**{s: FP32_GATE for s in flow.compared[:k]}, flow.compared[k]: quality,
+                                                 **{s: own for s in flow.compared[k + 1:]}, QUALITY: quality}
+    assert r.own is not None
     for c in pramp:
-        r = results[method_name(variant, c)]
-        numerics_log.append(numerics_row(f"{flow_name} {precision}", variant, c, r.diff, r.stages,
+        side1 = cache.chunk_diff(flow_name, variant, c, precision)
+        side2 = cache.chunk_diff(flow_name, variant, c, precision, quality=True)
+        numerics_log.append(numerics_row(f"{flow_name} {precision}", variant, c, side1, r.stages,
                                          reference=f"own {precision} eager"))
-        numerics_log.append(numerics_row(f"{flow_name} {precision} quality", variant, c, r.quality,
+        numerics_log.append(numerics_row(f"{flow_name} {precision} quality", variant, c, side2,
                                          reference="fp32 eager decoder"))
-        assert r.passed, r.failure()
-        assert list(r.stages) == [*flow.compared, QUALITY]
-        own, quality = tolerance(flow_name, dtype), tolerance(QUALITY, dtype)
-        k = flow.compared.index(PRECISIONS[precision].stage().name)
-        assert {s: r.gate(s) for s in r.stages} == {**{s: FP32_GATE for s in flow.compared[:k]}, flow.compared[k]: quality,
-                                                     **{s: own for s in flow.compared[k + 1:]}, QUALITY: quality}
-        assert r.own is not None
+        assert side1.within(own), f"{name} {variant} chunk {c} vs own: {side1.describe()}"
+        assert side2.within(quality), f"{name} {variant} chunk {c} vs fp32: {side2.describe()}"
 
 
 @pytest.mark.parametrize("name,variant", cases(CASES))
@@ -80,16 +86,17 @@ def test_contract_and_upstream(reduced, name, variant, pramp, decoder, context, 
     """The float32 contract holds at every precision (wav and state float32, shapes as specified),
     outputs are finite and deterministic, and each chunk is within the quality floor of upstream."""
     _, precision = PRECISION_FLOWS[name]
-    results, dispatch = reduced(name, variant)
+    results, dispatch, _ = reduced(name, variant)
     quality = tolerance(QUALITY, PRECISIONS[precision].key)
+    r = results[method_name(variant)]
     for c in pramp:
-        r = results[method_name(variant, c)]
         frames = context + c if variant == "windowed" else c
         x = codes(decoder, frames, seed=100 + c)
         state = [torch.zeros(s.shape, dtype=s.torch_dtype) for s in r.spec.inputs[1:]]
         inputs = (x, torch.tensor([context])) if variant == "windowed" else (x, *state)
         out = dispatch.run(r.spec.method, inputs)
-        assert [(tuple(t.shape), t.dtype) for t in out] == [(s.shape, s.torch_dtype) for s in r.spec.outputs]
+        assert [(tuple(t.shape), t.dtype) for t in out] == [(s.at(c, r.spec.max_chunk), s.torch_dtype)
+                                                            for s in r.spec.outputs]
         assert all(s.dtype in ("float32", "int64") for s in (*r.spec.inputs, *r.spec.outputs))
         assert torch.isfinite(out[0]).all()
         assert torch.equal(dispatch.run(r.spec.method, inputs)[0], out[0]), "not deterministic"
@@ -104,7 +111,7 @@ def test_streams_pass_both_sides(reduced, name, variant, pramp, decoder, context
     (side 1) and against the offline fp32 decode and eager fp32 windowed stream (side 2)."""
     flow_name, precision = PRECISION_FLOWS[name]
     dtype = PRECISIONS[precision].key
-    results, dispatch = reduced(name, variant)
+    results, dispatch, _ = reduced(name, variant)
     own = ModuleLoaded({m: r.own for m, r in results.items()})
     frames = stream_frames(pramp, 3, context if variant == "windowed" else 0)
     rows = stream_check(decoder, dispatch.run, [variant], pramp, context, frames, 11, tolerance(QUALITY, dtype),
@@ -160,7 +167,7 @@ def test_side1_rejects_a_program_unlike_its_own_reference(decoder, ramp, context
     side-1 gates are only as tight as the precision's rounding: one attention output projection
     doubled fails them."""
     flow = _flow_with(with_precision(FLOWS[flow_id], precision), stage)
-    results, _ = build(decoder, flow, ["windowed"], ramp[:1], context, tmp_path)
+    results, _ = build(decoder, flow, ["windowed"], 3, context, tmp_path)
     r = results[0]
     assert not r.passed
     assert not r.diff.within(r.gate(RUN)), r.diff.describe()
@@ -193,7 +200,7 @@ def test_side2_rejects_what_its_own_reference_cannot_see(decoder, ramp, context,
     against fp32."""
     flow = with_precision(FLOWS["torch_export"], precision)
     flow = _flow_with(flow, stage) if stage else flow
-    results, _ = build(decoder, flow, ["stateful"], ramp[:1], context, tmp_path)
+    results, _ = build(decoder, flow, ["stateful"], 3, context, tmp_path)
     r = results[0]
     assert r.diff.within(r.gate(RUN)), r.diff.describe()
     assert not r.quality.within(r.gate(QUALITY)) and not r.passed, r.quality.describe()
@@ -235,15 +242,15 @@ SHIPPED = [  # (id, precision, what XNNPACK's kernels are named when they run at
 
 @pytest.mark.parametrize("precision,kernel", cases(SHIPPED))
 def test_reduced_precision_ships_verifies_and_decodes(model_dir, decoder, tmp_path, precision, kernel):
-    """CLI export --precision (both variants, chunk 1, context 26, one .pte, bundles) records the precision and
+    """CLI export --precision (both variants, chunks 1..25, ramp 1, one .pte, bundles) records the precision and
     both sides in the manifest; verify re-checks both sides against an own reference it rebuilds
     (int8: re-calibrated from the recorded seed); the runtime's trace shows XNNPACK's kernels at that
     precision (no silent float32 fallback); decode writes the stream. A manifest edited to claim fp32
     fails verify (the fp32 gate); an unknown precision is a usage error naming it."""
     key = PRECISIONS[precision].key
     arts = tmp_path / "arts"
-    done = _cli("export", "--model", model_dir, "--out-dir", arts, "--ramp", 1, "--variant", "both", "--context", 26,
-                "--multi-method", "--bundle", "--precision", precision)  # context 26 covers tiny's receptive field
+    done = _cli("export", "--model", model_dir, "--out-dir", arts, "--ramp", 1, "--variant", "both",
+                "--multi-method", "--bundle", "--precision", precision)  # the session's programs: the lowering cache
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     m = json.loads((arts / "manifest.json").read_text())
     assert m["precision"] == {**PRECISIONS[precision].record(), "quality_gate": tolerance(QUALITY, key).to_json()}

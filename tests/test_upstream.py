@@ -97,21 +97,30 @@ def test_stress_checkpoint_matches_upstream(stress_decoder, pattern):
 
 @pytest.mark.real
 def test_real_xnnpack_stateful_stream_vs_upstream(real_model_dir, context, tmp_path):
-    """Real size in CI (tox -e reference): one stateful XNNPACK program (chunk 2) through the
-    production build (every stage gated against eager), then a whole stream through it, its state
-    fed back across the sliding window, against upstream's offline decode."""
-    from c2w_export.program.streaming import stream_stateful
+    """Real size in CI (tox -e reference): the stateful XNNPACK program (one method, chunks 1..25)
+    through the production build (every stage gated against eager at chunks 25, 1 and one drawn
+    between), then a whole stream of irregular chunk sizes through it, its state fed back across
+    the sliding window, against upstream's offline decode."""
+    from c2w_export.program.streaming import StreamDecoder
     from helpers import ProgramCache, initial_state
 
     decoder = load_decoder(real_model_dir)
-    programs = ProgramCache(decoder, [2], context, tmp_path)
+    programs = ProgramCache(decoder, 25, context, tmp_path)
     (result,) = programs.get("executorch_xnnpack", "stateful")[0].values()
-    print(f"real XNNPACK {result.spec.method} vs eager: {result.diff.describe()}")
+    print(f"real XNNPACK {result.spec.method} vs eager: {result.diff.describe()}; {result.delegation}")
     assert result.passed, result.failure()
-    frames = decoder.config.sliding_window + 5
+    sizes = [1, 3, 25, 2, 7, 25, 13]  # a talker's irregular chunks, each decoded as it arrives
+    frames = sum(sizes)
+    assert frames > decoder.config.sliding_window
     codes = _codes(decoder.config, "uniform", frames, 11)
-    got = stream_stateful(programs.runner("executorch_xnnpack", "stateful").run, initial_state(decoder), codes,
-                          decoder.config.hop, [2]).wav
-    d = compare(got, Oracle(decoder).offline(codes))
-    print(f"real XNNPACK stateful stream ({frames} frames) vs upstream: {d.describe()}")
+    dec = StreamDecoder(programs.runner("executorch_xnnpack", "stateful").run, "stateful", decoder.config.hop, [25],
+                        state=initial_state(decoder))
+    pieces, pos = [], 0
+    for n in sizes:
+        pieces += dec.push(codes[:, :, pos:pos + n])
+        pos += n
+    pieces += dec.finish()
+    assert [s.frames for s in dec.steps] == sizes
+    d = compare(torch.cat(pieces, -1), Oracle(decoder).offline(codes))
+    print(f"real XNNPACK stateful stream (chunks {sizes}, {frames} frames) vs upstream: {d.describe()}")
     assert d.within(tolerance("stateful_stream")), d.describe()

@@ -12,7 +12,7 @@ from helpers import built_once, cases, manifest_edit
 
 pytestmark = pytest.mark.mutation_first("c2w_export.ship.verify.x_verify__*")
 
-FRAMES = 26 + 2 + 2 + 5  # stream_frames(ramp [2], 5, context 26): context, the ramp, one repeat, a partial chunk
+FRAMES = 26 + 2 + 2 + 5  # stream_frames(ramp [2], 5, context 26): context, the ramp, one repeat, a short last chunk
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +45,10 @@ def test_verify_passes_with_every_row_named(small, model_dir):
     assert [(r.check, r.target, r.passed, r.detail) for r in rep.rows] == [
         ("hashes", "2 file(s)", True, ""),
         ("model", "config + weights sha256", True, ""),
-        ("methods", "code2wav_chunk_2.pt2", True, "1 method(s) by name"),
-        ("methods", "code2wav_stateful_chunk_2.pt2", True, "1 method(s) by name"),
-        ("windows", "chunk_2", True, "3 window(s)"),
-        ("windows", "stateful_chunk_2", True, "3 window(s)"),
+        ("methods", "code2wav_windowed.pt2", True, "1 method(s) by name"),
+        ("methods", "code2wav_stateful.pt2", True, "1 method(s) by name"),
+        ("windows", "windowed", True, "3 window(s)"),
+        ("windows", "stateful", True, "3 window(s)"),
         ("stream", f"windowed ({FRAMES} frames)", True, ""),
         ("stream", f"windowed-start ({FRAMES} frames)", True, ""),
         ("stream", f"windowed-steady ({FRAMES} frames)", True, ""),
@@ -62,12 +62,12 @@ def test_verify_other_checkpoint_fails_model_windows_and_streams(small, other_mo
     rep = verify(small, other_model)
     failed = {(r.check, r.target) for r in rep.rows if not r.passed}
     assert rep.exit_code == EXIT_PARITY
-    assert failed >= {("model", "config + weights sha256"), ("windows", "chunk_2"), ("windows", "stateful_chunk_2"),
+    assert failed >= {("model", "config + weights sha256"), ("windows", "windowed"), ("windows", "stateful"),
                       ("stream", f"stateful ({FRAMES} frames)")}, failed
     model = rep.rows[1]
     assert model.detail == "artifacts were built from a different checkpoint (config match=True, weights match=False)"
-    w = next(r for r in rep.rows if r.target == "chunk_2" and r.check == "windows")
-    assert w.detail.startswith("torch_export chunk_2 over tolerance: max_abs=") and not w.diff.within(w.tolerance)
+    w = next(r for r in rep.rows if r.target == "windowed" and r.check == "windows")
+    assert w.detail.startswith("torch_export windowed over tolerance: max_abs=") and not w.diff.within(w.tolerance)
     s = next(r for r in rep.rows if r.check == "stream" and r.target.startswith("stateful"))
     assert s.detail.startswith("over tolerance: ") and not s.passed
 
@@ -84,11 +84,11 @@ def test_verify_reports_a_looser_recorded_tolerance_and_checks_at_the_table(copy
     rep = verify(copy, model_dir)
     assert rep.exit_code == EXIT_PARITY
     (row,) = [r for r in rep.rows if not r.passed]
-    assert (row.check, row.target, row.diff, row.tolerance) == ("tolerance", "chunk_2", None, tolerance("torch_export"))
+    assert (row.check, row.target, row.diff, row.tolerance) == ("tolerance", "windowed", None, tolerance("torch_export"))
     assert row.passed is False
     assert row.detail == (f"manifest records a looser tolerance ({text}) than this c2w-export's table; "
                           "checked at the table's")
-    assert next(r for r in rep.rows if r.check == "windows" and r.target == "chunk_2").tolerance == tolerance("torch_export")
+    assert next(r for r in rep.rows if r.check == "windows" and r.target == "windowed").tolerance == tolerance("torch_export")
 
 
 def test_verify_a_tighter_recorded_tolerance_is_not_a_finding(copy, model_dir):

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from .config import DecoderConfig
 from .layers import (
     CausalConv1d, CausalConvTranspose1d, LayerScale, RMSNorm, SnakeBeta, State, StatefulLeaf,
-    apply_rope, attention, last_frames, mask_bias, rope_cos_sin, rope_inv_freq, sliding_window_mask,
+    Trim, apply_rope, attention, group_bias, mask_bias, rope_cos_sin, rope_inv_freq, sliding_window_mask,
 )
 from .validate import check_codes
 
@@ -96,24 +96,28 @@ class Attention(StatefulLeaf):
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=bias)
         self.heads, self.kv_heads, self.head_dim, self.cache = h, kv, d, cfg.kv_cache_frames
 
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """x [B, H, T, D] rotated (layers.apply_rope)."""
+        return apply_rope(x, cos, sin)
+
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         shape = (self.kv_heads, self.cache, self.head_dim)
         return {f"{self.state_name}.k": shape, f"{self.state_name}.v": shape}
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, bias: Tensor,
                 state: State) -> tuple[Tensor, dict[str, Tensor]]:
-        """x [B, T, hidden]; cos/sin [T, D]; bias [T, W-1+T] (layers.mask_bias; [T, T] without a
-        cache in the state) -> [B, T, hidden]."""
-        b, t, _ = x.shape
-        q = apply_rope(self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2), cos, sin)
-        k = apply_rope(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        """x [B, T, hidden]; cos/sin [T, D]; bias [G*T, W-1+T] (layers.group_bias of mask_bias;
+        [G*T, T] without a cache in the state) -> [B, T, hidden]. Reshapes infer the frame axis (-1)."""
+        b = x.shape[0]
+        q = self.rope(self.q_proj(x).view(b, -1, self.heads, self.head_dim).transpose(1, 2), cos, sin)
+        k = self.rope(self.k_proj(x).view(b, -1, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+        v = self.v_proj(x).view(b, -1, self.kv_heads, self.head_dim).transpose(1, 2)
         kn, vn = f"{self.state_name}.k", f"{self.state_name}.v"
         cached = kn in state
         keys = torch.cat([state[kn], k], dim=2) if cached else k
         values = torch.cat([state[vn], v], dim=2) if cached else v
         out = attention(q, keys, values, bias, self.head_dim ** -0.5)
-        out = self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        out = self.o_proj(out.transpose(1, 2).contiguous().view(b, -1, self.heads * self.head_dim))
         if not cached:
             return out, {}
         start = keys.shape[2] - self.cache
@@ -159,6 +163,7 @@ class Transformer(nn.Module):
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
         self.head_dim, self.theta, self.cache = cfg.head_dim, float(cfg.rope_theta), cfg.kv_cache_frames
         self.window = cfg.sliding_window
+        self.groups = cfg.num_attention_heads // cfg.num_key_value_heads  # query heads per K/V head
 
     def inv_freq(self, dtype: torch.dtype) -> Tensor:
         """RoPE inverse frequencies [head_dim] (computed per call, as upstream does)."""
@@ -177,7 +182,7 @@ class Transformer(nn.Module):
         allowed = sliding_window_mask(q_pos, k_pos, self.window)
         if present is not None:  # absent queries keep their keys: their rows stay finite, and are dropped later
             allowed = allowed & (present[None, :] | ~present[:, None])
-        bias = mask_bias(allowed, h.dtype)  # once for every layer
+        bias = group_bias(mask_bias(allowed, h.dtype), self.groups)  # once for every layer
         new: dict[str, Tensor] = {}
         for layer in self.layers:
             h, s = layer(h, cos, sin, bias, state)
@@ -268,6 +273,7 @@ class Code2Wav(nn.Module):
             + [DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(cfg.upsample_rates)]
             + [SnakeBeta(dims[-1]), CausalConv1d(dims[-1], 1, 7)]
         )
+        self.trim = Trim()
         for name, module in self.named_modules():
             if isinstance(module, StatefulLeaf):
                 module.state_name = name
@@ -303,7 +309,7 @@ class Code2Wav(nn.Module):
             reach = Fraction(0)
             for m in layer.modules():
                 if isinstance(m, CausalConvTranspose1d):
-                    reach += Fraction(-(-m.overlap // m.conv.stride[0]), rate)  # input samples the carry reaches back
+                    reach += Fraction(m.pad, rate)  # input frames its history reaches back
                     rate *= m.conv.stride[0]
                 elif isinstance(m, CausalConv1d):
                     reach += Fraction(m.pad, rate)
@@ -338,8 +344,18 @@ class Code2Wav(nn.Module):
         return out[::-1]
 
     # -------------------------------------------------------- compute
+    def _stack_rates(self) -> list[int]:
+        """Per layer of `_stack()`: samples per code frame of its input."""
+        rate, out = 1, []
+        for layer in self._stack():
+            out.append(rate)
+            for m in layer.modules():
+                if isinstance(m, CausalConvTranspose1d):
+                    rate *= m.conv.stride[0]
+        return out
+
     def step(self, codes: Tensor, state: State, first: Tensor | None = None,
-             tail: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+             context: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """Unchecked core. codes int64 [B, Q, T], state -> (wav [B, 1, T*hop], new state).
         An empty state decodes a stream start without state (no new state is returned).
 
@@ -347,11 +363,13 @@ class Code2Wav(nn.Module):
         the offline decode's causal zero padding, so the samples from `first` on equal the offline
         decode of `codes[..., first:]`. The absent frames' own samples are meaningless.
 
-        `tail` (empty state only): only the audio of the last `tail` frames is wanted; wav is
-        [B, 1, tail*hop]. The conv stack after the transformer then runs, layer by layer, on the
-        frames that audio depends on (`stack_frames`), not on the whole window."""
-        if tail is not None and state:
-            raise ValueError("step(tail=...) decodes a window without state; a stream step keeps every frame")
+        `context` (empty state only): the first `context` frames only feed the rest; wav is the
+        audio of the T - context frames after them, [B, 1, (T - context)*hop]. The conv stack after
+        the transformer then runs, layer by layer, on the frames that audio depends on
+        (`stack_frames`), not on the whole window: before each layer the frames it does not need
+        are dropped by `self.trim` (static counts, so a dynamic T stays one symbol)."""
+        if context is not None and state:
+            raise ValueError("step(context=...) decodes a window without state; a stream step keeps every frame")
         new: dict[str, Tensor] = {}
         frames = codes.shape[-1]
         present = None if first is None else torch.arange(frames, dtype=torch.int64) >= first
@@ -363,16 +381,20 @@ class Code2Wav(nn.Module):
         new.update(s)
         h = h.transpose(1, 2)
         stack = self._stack()
-        for layer, need in zip(stack, self.stack_frames(tail) if tail is not None else [frames] * len(stack)):
-            h, keep = last_frames(h, keep, frames, need)  # drop what the wanted audio does not depend on
-            frames = min(frames, need)
+        lead = context  # frames before the wanted audio still in h (None: every frame is wanted)
+        extras = self.stack_frames(0) if context is not None else [None] * len(stack)  # frames needed before it
+        for layer, extra, rate in zip(stack, extras, self._stack_rates()):
+            if lead is not None and extra < lead:  # drop what the wanted audio does not depend on
+                h = self.trim(h, (lead - extra) * rate)
+                keep = self.trim(keep, lead - extra) if keep is not None else None
+                lead = extra
             if isinstance(layer, SnakeBeta):
                 h = layer(h)
             else:
                 h, s = layer(h, state, keep)
                 new.update(s)
-        if tail is not None:
-            h = h[..., h.shape[-1] - tail * self.config.hop:]
+        if lead:
+            h = self.trim(h, lead * self.config.hop)
         if POSITION in state:
             new[POSITION] = state[POSITION] + codes.shape[-1]
         return h.clamp(-OUTPUT_LIMIT, OUTPUT_LIMIT), new

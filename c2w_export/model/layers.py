@@ -84,22 +84,29 @@ def mask_bias(allowed: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.where(allowed, torch.zeros((), dtype=dtype), torch.full((), torch.finfo(dtype).min, dtype=dtype))
 
 
+def group_bias(bias: Tensor, groups: int) -> Tensor:
+    """mask_bias [Tq, Tk] -> [G * Tq, Tk], the rows of `attention`'s folded query heads: G copies
+    stacked (a cat: XNNPACK delegates it at a dynamic Tq, where a repeat or a view over the
+    groups would run outside the delegate)."""
+    return torch.cat([bias] * groups) if groups > 1 else bias
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
-    """q [B, H, Tq, D], k/v [B, Hkv, Tk, D], bias [Tq, Tk] (mask_bias) -> [B, H, Tq, D].
+    """q [B, H, Tq, D], k/v [B, Hkv, Tk, D], bias [G * Tq, Tk] (group_bias of mask_bias, G = H / Hkv)
+    -> [B, H, Tq, D].
 
     Grouped-query attention without copying K/V per head: the H = Hkv * G query heads are folded
-    into [B * Hkv, G * Tq, D], head h reading kv head h // G. Softmax in >= float32."""
-    b, h, tq, d = q.shape
+    into [B * Hkv, G * Tq, D], head h reading kv head h // G. Softmax in >= float32. The views
+    infer the frame axis (-1) of contiguous tensors: export keeps that -1 (a reshape of a
+    transposed tensor is traced with the size computed), and XNNPACK delegates a reshape with one
+    inferred size, not one with a symbolic size (a dynamic chunk)."""
+    b, h, _, d = q.shape
     kv = k.shape[1]
-    groups = h // kv
-    q = q.reshape(b * kv, groups * tq, d)  # 3-D batched matmuls: no broadcasting expands in the graph
-    k, v = k.reshape(b * kv, -1, d), v.reshape(b * kv, -1, d)
-    scores = torch.bmm(q, k.transpose(1, 2)) * scale  # [B * Hkv, G * Tq, Tk]
-    tk = scores.shape[-1]
-    # the mask broadcast over the G heads of a view (a repeat would run outside the XNNPACK delegate)
-    scores = scores + bias if groups == 1 else (scores.view(b * kv, groups, tq, tk) + bias).view(b * kv, groups * tq, tk)
+    q = q.contiguous().view(b * kv, -1, d)  # 3-D batched matmuls: no broadcasting expands in the graph
+    k, v = k.contiguous().view(b * kv, -1, d), v.contiguous().view(b * kv, -1, d)
+    scores = torch.bmm(q, k.transpose(1, 2)) * scale + bias  # [B * Hkv, G * Tq, Tk]
     weights = torch.softmax(scores.to(torch.promote_types(q.dtype, torch.float32)), dim=-1).to(q.dtype)
-    return torch.bmm(weights, v).reshape(b, h, tq, d)
+    return torch.bmm(weights, v).view(b, h, -1, d)
 
 
 def causal_conv1d(x: Tensor, history: Tensor | None, weight: Tensor, bias: Tensor | None,
@@ -113,44 +120,41 @@ def causal_conv1d(x: Tensor, history: Tensor | None, weight: Tensor, bias: Tenso
     return y, xx[..., xx.shape[-1] - pad:]
 
 
-def overlap_add(full: Tensor, carry: Tensor | None, bias: Tensor | None, n: int) -> tuple[Tensor, Tensor]:
-    """Causal transposed conv (kernel K with S < K <= 2S or K == S) from its full output.
+def transposed_history(kernel: int, stride: int) -> int:
+    """Input frames before a chunk that a causal transposed conv (kernel K, stride S) still needs:
+    ceil(K/S) - 1 (1 for S < K <= 2S, 0 for K == S)."""
+    return -(-kernel // stride) - 1
 
-    full [B, Cout, (T-1)*S + K] (the transposed conv of x [B, Cin, T], bias not added), carry
-    [B, Cout, K-S] (the previous chunk's overlap tail, bias taken out; None at a stream start:
-    nothing to add), bias [Cout] or [1, Cout, 1], n = T*S -> y [B, Cout, n] (carry added to its
-    head, then the bias), new carry full[..., n:] [B, Cout, K-S]. Offline this is the full
-    transposed conv with its last K-S samples trimmed."""
-    overlap = carry.shape[-1] if carry is not None else 0
-    if overlap:
-        y = torch.cat([full[..., :overlap] + carry, full[..., overlap:n]], dim=-1)
-    else:
-        y = full[..., :n] if full.shape[-1] > n else full  # K == S: nothing to trim
-    if bias is not None:
-        y = y + (bias if bias.dim() == 3 else bias[None, :, None])
-    return y, full[..., n:]
+
+def causal_conv_transpose1d(x: Tensor, history: Tensor | None, weight: Tensor, bias: Tensor | None,
+                            stride: int) -> tuple[Tensor, Tensor]:
+    """Causal transposed conv: its output samples T*S of x, the last K-S of the full transposed conv
+    trimmed (they belong to the next chunk). x [B, Cin, T], weight [Cin, Cout, K], history
+    [B, Cin, H] (H = transposed_history(K, S): the input frames before x whose kernels reach into
+    x's samples; None: a stream start, zero frames) -> y [B, Cout, T*S], new history [B, Cin, H]."""
+    h = transposed_history(weight.shape[-1], stride)
+    n = x.shape[-1] * stride
+    if history is None:  # offline: nothing before x; the full transposed conv with its tail trimmed
+        full = F.conv_transpose1d(x, weight, bias, stride=stride)
+        return (full[..., :n] if full.shape[-1] > n else full), x[..., x.shape[-1] - h:]
+    xx = torch.cat([history, x], dim=-1)
+    y = F.conv_transpose1d(xx, weight, bias, stride=stride)[..., h * stride: h * stride + n]
+    return y, xx[..., xx.shape[-1] - h:]
 
 
 def drop_absent(x: Tensor, keep: Tensor | None) -> Tensor:
     """x [B, C, n] with the samples of absent frames zeroed (keep [1, 1, T] with n = T * rate, or
     None: all frames present). A broadcast multiply over the view [B, C, T, rate]: no per-sample
-    mask is materialized (an expand_copy each, which runs outside the XNNPACK delegate)."""
+    mask is materialized (an expand_copy each, which runs outside the XNNPACK delegate). The
+    reshapes name the frame axis -1: XNNPACK delegates a reshape with one inferred size, not one
+    with a symbolic size (a dynamic chunk)."""
     if keep is None:
         return x
     b, c, n = x.shape
     t = keep.shape[-1]
     if n == t:
         return x * keep
-    return (x.reshape(b, c, t, n // t) * keep[..., None]).reshape(b, c, n)
-
-
-def last_frames(x: Tensor, keep: Tensor | None, total: int, frames: int) -> tuple[Tensor, Tensor | None]:
-    """x [B, C, total * rate] -> its last `frames` code frames [B, C, frames * rate], with keep
-    [1, 1, total] or None cut the same way. Static slices: the frame counts are fixed at export."""
-    if frames >= total:
-        return x, keep
-    rate = x.shape[-1] // total
-    return x[..., (total - frames) * rate:], (keep[..., total - frames:] if keep is not None else None)
+    return (x.reshape(b, c, -1, n // t) * keep[..., None]).reshape(b, c, -1)
 
 
 # ---------------------------------------------------------------- thin modules
@@ -162,6 +166,13 @@ class SnakeBeta(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return snake_beta(x, self.alpha, self.beta)
+
+
+class Trim(nn.Module):
+    """x [B, C, n] -> x[..., k:] [B, C, n - k]: its first k samples (static) dropped."""
+
+    def forward(self, x: Tensor, k: int) -> Tensor:
+        return x.narrow(-1, k, x.shape[-1] - k)  # narrow, not x[..., k:]: no clamp of k to n to reason about
 
 
 class StatefulLeaf(nn.Module):
@@ -196,7 +207,8 @@ class CausalConv1d(StatefulLeaf):
 
 
 class CausalConvTranspose1d(StatefulLeaf):
-    """Checkpoint layout `<name>.conv.{weight,bias}`. State `<name>.carry`: [B, Cout, K-S]."""
+    """Checkpoint layout `<name>.conv.{weight,bias}`. State `<name>.history`: [B, Cin, H], the last
+    H = ceil(K/S) - 1 input frames (their kernels overlap the next chunk's first samples)."""
 
     def __init__(self, cin: int, cout: int, kernel: int, stride: int):
         super().__init__()
@@ -204,25 +216,22 @@ class CausalConvTranspose1d(StatefulLeaf):
             raise ValueError(f"transposed conv needs kernel == stride or stride < kernel <= 2*stride, got {kernel}, {stride}")
         self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
         self.overlap = kernel - stride
+        self.pad = transposed_history(kernel, stride)
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {f"{self.state_name}.carry": (self.conv.out_channels, self.overlap)} if self.overlap else {}
+        return {f"{self.state_name}.history": (self.conv.in_channels, self.pad)} if self.pad else {}
 
     def forward(self, x: Tensor, state: State, keep: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """x [B, Cin, T*rate]; keep [1, 1, T] or None -> [B, Cout, T*rate*stride]."""
-        return self._forward(x, state, self.conv.bias, keep)
-
-    def _forward(self, x: Tensor, state: State, bias: Tensor | None,
-                 keep: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
-        key = f"{self.state_name}.carry"
-        if self.overlap:  # only an overlapping kernel carries an absent frame into a present one
+        key = f"{self.state_name}.history"
+        if self.pad:  # only an overlapping kernel carries an absent frame into a present one
             x = drop_absent(x, keep)
-        y, new_carry = overlap_add(self._full(x), state.get(key), bias, x.shape[-1] * self.conv.stride[0])
-        return y, ({key: new_carry} if key in state else {})
+        y, hist = self._conv(x, state.get(key))
+        return y, ({key: hist} if key in state else {})
 
-    def _full(self, x: Tensor) -> Tensor:
-        """x [B, Cin, T] -> the full transposed conv without bias [B, Cout, (T-1)*S + K]."""
-        return F.conv_transpose1d(x, self.conv.weight, None, stride=self.conv.stride[0])
+    def _conv(self, x: Tensor, history: Tensor | None) -> tuple[Tensor, Tensor]:
+        """causal_conv_transpose1d with this module's weights -> (y, new history)."""
+        return causal_conv_transpose1d(x, history, self.conv.weight, self.conv.bias, self.conv.stride[0])
 
 
 class RMSNorm(nn.Module):

@@ -49,3 +49,14 @@ def check_history(context: int, i: int, seed: int = 0) -> Tensor:
     if kind == 2 or context <= 1:  # no partial history fits in a context of 0 or 1
         return torch.tensor([0], dtype=torch.int64)
     return torch.randint(1, context, (1,), generator=torch.Generator().manual_seed(seed + i))
+
+
+def check_chunk(max_chunk: int, i: int, seed: int = 0) -> int:
+    """The chunk size of check call i: the largest (what memory is planned for), then 1, then one
+    drawn from 2..max_chunk-1, in turn."""
+    kind = i % 3
+    if kind == 0 or max_chunk <= 2:
+        return max_chunk if kind != 1 else 1
+    if kind == 1:
+        return 1
+    return int(torch.randint(2, max_chunk, (1,), generator=torch.Generator().manual_seed(seed + i)))

@@ -175,7 +175,7 @@ class Prepare(Stage):
         for method, m in modules.items():
             if id(m.decoder) not in prepared:
                 prepared[id(m.decoder)] = prepare(m.decoder)
-            out[method] = make_variant(prepared[id(m.decoder)], m.variant, m.chunk, m.context)
+            out[method] = make_variant(prepared[id(m.decoder)], m.variant, m.max_chunk, m.context)
         return out
 
     def program(self, modules):
@@ -187,18 +187,19 @@ class Export(Stage):
     compared = True
 
     def run(self, modules, work):
+        from .variants import export_variant
+
         out = {}
         for method, module in modules.items():
             try:
-                with torch.no_grad():
-                    out[method] = torch.export.export(module, tuple(work.inputs[method]), strict=False)
+                out[method] = export_variant(module, work.inputs[method], module)  # one method, every chunk size
                 work.nodes[method] = sum(n.op == "call_function" for n in out[method].graph.nodes)
             except Exception as e:
                 raise FlowError(f"stage 'export' failed for method {method}: {type(e).__name__}: {e}") from e
         return out
 
     def program(self, programs):
-        return ModuleLoaded({m: ep.module() for m, ep in programs.items()})
+        return ModuleLoaded({m: ep.module(check_guards=False) for m, ep in programs.items()})
 
 
 def op_name(node) -> str:
@@ -207,24 +208,52 @@ def op_name(node) -> str:
     name = getattr(node.target, "__name__", str(node.target))
     if name == "executorch_call_delegate":
         return name
-    target = getattr(node.target, "_op", node.target)
+    target = node.target  # an aten op (a dynamic size's scalar_tensor) as it is; an edge op wraps its aten op
+    if not isinstance(target, torch._ops.OpOverload):
+        target = getattr(target, "_op", target)
     full = target.name() if callable(getattr(target, "name", None)) else str(target)  # "aten::add.Tensor"
     return full.split("::")[-1].split(".")[0]
 
 
+def is_shape_op(node) -> bool:
+    """A node that computes a size, not a tensor: a dynamic dim read (sym_size) or integer
+    arithmetic on sizes (SymInt add, mul, ...). It runs as a scalar instruction between kernels."""
+    val = node.meta.get("val")
+    return not isinstance(val, torch.Tensor) and isinstance(val, (torch.SymInt, int))
+
+
 def delegation(graph) -> dict:
-    """Delegation coverage of a lowered graph: how many delegate calls (partitions) it makes and
-    which operators stay outside them (portable kernels), with counts."""
-    partitions, outside = 0, {}
+    """Delegation coverage of a lowered graph: how many delegate calls (partitions) it makes, which
+    tensor operators stay outside them (portable kernels), with counts; how many of those sit
+    between two delegate calls (`between_ops`: fed by one, feeding another, so they split the
+    graph: a delegated-whole program has none; the others prepare the inputs or copy the state
+    out), and how many size computations of a dynamic chunk run between kernels (`shape_ops`)."""
+    partitions, outside, shape = 0, {}, 0
+    after: set = set()  # nodes that depend on a delegate's output
+    tensor_ops = []
     for n in graph.nodes:
-        if n.op != "call_function" or n.target is operator.getitem:
+        if n.op != "call_function":
+            continue
+        if any(a in after or (a.op == "call_function" and op_name(a) == "executorch_call_delegate")
+               for a in n.all_input_nodes):
+            after.add(n)
+        if n.target is operator.getitem:
             continue
         op = op_name(n)
         if op == "executorch_call_delegate":
             partitions += 1
             continue
+        if is_shape_op(n):
+            shape += 1
+            continue
         outside[op] = outside.get(op, 0) + 1
-    return {"partitions": partitions, "outside_ops": sum(outside.values()),
+        tensor_ops.append(n)
+    before: set = set()  # nodes a delegate depends on
+    for n in reversed(list(graph.nodes)):
+        if any(u in before or (u.op == "call_function" and op_name(u) == "executorch_call_delegate") for u in n.users):
+            before.add(n)
+    between = sum(n in after and n in before for n in tensor_ops)
+    return {"partitions": partitions, "outside_ops": sum(outside.values()), "between_ops": between, "shape_ops": shape,
             "outside": dict(sorted(outside.items(), key=lambda kv: (-kv[1], kv[0])))}
 
 
@@ -298,7 +327,10 @@ def _open_pte(paths: Mapping[str, Path]) -> Loaded:
 
 
 def _open_pt2(paths: Mapping[str, Path]) -> Loaded:
-    return ModuleLoaded({m: torch.export.load(str(p)).module() for m, p in paths.items()})
+    # check_guards=False: the input ranges are still checked (a pre-hook), not guards such as a
+    # conv's memory-format choice at 1 frame (Ne(t, 1)), which do not change the values; the gate
+    # checks chunk 1 against eager
+    return ModuleLoaded({m: torch.export.load(str(p)).module(check_guards=False) for m, p in paths.items()})
 
 
 class LoadEager(Stage):

@@ -122,7 +122,7 @@ def worker_pool(n: int) -> concurrent.futures.ProcessPoolExecutor:
 
 def program_key(ep, partitioner: str) -> str:
     """sha256 over what lowering reads: every node (op, target, arguments, output shape and dtype,
-    the source module and function it came from), the signature, every weight's bytes, the
+    the source module and function it came from), the signature, the dynamic dims' ranges, every weight's bytes, the
     partitioner and the torch/ExecuTorch versions."""
     from ..env import versions
 
@@ -136,6 +136,7 @@ def program_key(ep, partitioner: str) -> str:
         h.update(repr((n.op, n.name, str(n.target), n.args, n.kwargs, shape, n.meta.get("nn_module_stack"),
                        n.meta.get("source_fn_stack"), n.meta.get("torch_fn"))).encode())
     h.update(str(ep.graph_signature).encode())
+    h.update(repr(sorted((str(k), str(v)) for k, v in ep.range_constraints.items())).encode())  # the dynamic chunk's range
     for name, t in sorted({**ep.state_dict, **ep.constants}.items()):
         if isinstance(t, torch.Tensor):
             t = t.detach().contiguous().cpu()

@@ -1,4 +1,4 @@
-"""The exporter's core: run a flow's stages in order for every (variant, chunk) program and compare
+"""The exporter's core: run a flow's stages in order for every variant's program and compare
 each comparable stage's artifact, and finally the loaded program, with the eager variant module on
 the same inputs, so a failure says which stage diverged. The serialize stage writes files and is
 judged through the load that follows it (the "run" diff)."""
@@ -122,21 +122,23 @@ def reference_decoder(decoder: Code2Wav, flow: Flow) -> Code2Wav:
     return copy.deepcopy(decoder).to(flow.reference_dtype)
 
 
-def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence[int], context: int,
+def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], max_chunk: int, context: int,
           out_dir: Path | None, *, multi_method: bool = False, windows: int = 3, seed: int = 0,
           stem: str = "code2wav", progress: Callable[[str], None] = lambda s: None,
           reference: Code2Wav | None = None, gate: str | None = None
           ) -> tuple[list[ProgramResult], dict[str, Loaded]]:
-    """Run `flow`'s stages for every (variant, chunk) program of `decoder` and check each against
+    """Run `flow`'s stages for every variant's program of `decoder` (one method each, any chunk
+    1..max_chunk) and check each against
     the reference (default: `reference_decoder(decoder, flow)`; pass the checkpoint's decoder
     when `decoder` is a modified copy), at the tolerance `gate` names (default: the flow's).
 
-    Comparable stages are checked on the first window; the loaded program (RUN) on all `windows`,
-    through a Runner so its input checks are exercised too. Returns the results and {method:
+    Comparable stages are checked on the first window (at max_chunk, the size export traces); the
+    loaded program (RUN) on all `windows`, whose chunk sizes cycle through the max, 1 and one drawn
+    between (parity_inputs), through a Runner so its input checks are exercised too. Returns the results and {method:
     loaded program}. Raises FlowError when a stage cannot run; parity is judged by the caller."""
     reference = reference if reference is not None else reference_decoder(decoder, flow)
-    modules = {m.method: m for m in (make_variant(decoder, v, c, context) for v in variants for c in ramp)}
-    refs = {m: make_variant(reference, modules[m].variant, modules[m].chunk, context) for m in modules}
+    modules = {m.method: m for m in (make_variant(decoder, v, max_chunk, context) for v in variants)}
+    refs = {m: make_variant(reference, modules[m].variant, max_chunk, context) for m in modules}
     groups = [list(modules)] if multi_method else [[m] for m in modules]
     tol = tolerance(gate or flow.name)
     key = PRECISIONS[flow.precision].key  # the tolerance table's key of the flow's precision
@@ -202,9 +204,10 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], ramp: Sequence
             quality = f", vs fp32 {r.quality.describe()}" if r.quality else ""
             stage_times = ", ".join(f"{s} {v:.1f}s" for s, v in seconds.items() if v >= 0.05)
             graph = f"{r.nodes} graph nodes" + (
-                f" ({r.delegation['partitions']} delegate partitions, {r.delegation['outside_ops']} ops outside)"
+                f" ({r.delegation['partitions']} delegate partitions, {r.delegation['outside_ops']} ops outside, "
+                f"{r.delegation['between_ops']} between partitions)"
                 if r.delegation else "")
-            progress(f"[{len(results)}/{len(modules)}] {flow.name} {m} (chunk {r.spec.chunk}): "
+            progress(f"[{len(results)}/{len(modules)}] {flow.name} {m} (chunks {r.spec.min_chunk}..{r.spec.max_chunk}): "
                      f"{time.perf_counter() - t0:.1f}s ({stage_times}), {graph}, "
                      f"{r.bytes / 1e6:.1f} MB, {r.diff.describe()}{quality} -> {status}")
     return results, loaded_by_method

@@ -31,7 +31,7 @@ from torch import nn
 
 from ..model.decoder import Code2Wav
 from .flows import FLOWS, Flow, FlowError, ModuleLoaded, Stage, Work
-from .variants import make_variant, parity_inputs
+from .variants import export_variant, make_variant, parity_inputs
 
 
 def to_half(decoder: Code2Wav) -> Code2Wav:
@@ -56,7 +56,7 @@ class Half(Stage):
         for v in modules.values():
             if id(v.decoder) not in halves:
                 halves[id(v.decoder)] = to_half(v.decoder)
-        return {m: make_variant(halves[id(v.decoder)], v.variant, v.chunk, v.context) for m, v in modules.items()}
+        return {m: make_variant(halves[id(v.decoder)], v.variant, v.max_chunk, v.context) for m, v in modules.items()}
 
     def program(self, modules):
         return ModuleLoaded(modules)
@@ -73,6 +73,8 @@ QUANT_PARTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...] | None]] = {
     "tail": ("the last decoder block and the final conv", ("conv1d", "conv_transpose1d"),
              ("decoder.decoder.4.", "decoder.decoder.6.")),
 }
+# prepare's modules that move values exactly (a +-1 permutation as a linear): never quantized
+EXACT_MODULES = ("Rotate", "ShiftTrim")
 CALIBRATION = {"calls": 12, "seed": 777}  # seeded calibration: per method, `calls` parity_inputs at `seed`
 
 
@@ -107,8 +109,10 @@ def _quantizer(parts: tuple[str, ...]):
     def in_parts(n) -> bool:
         if n.op != "call_function":  # weights and biases: judged by the op that uses them
             return True
-        paths = [path for path, _ in (n.meta.get("nn_module_stack") or {}).values()]
-        return any(path.startswith(p) for path in paths for p in prefixes)
+        stack = (n.meta.get("nn_module_stack") or {}).values()
+        if any(str(getattr(t, "__name__", t)).rpartition(".")[2] in EXACT_MODULES for _, t in stack):
+            return False
+        return any(path.startswith(p) for path, _ in stack for p in prefixes)
 
     q = Quantizer()
     for op in sorted({op for part in parts for op in QUANT_PARTS[part][1]}):
@@ -148,16 +152,15 @@ class Quantize(Stage):
     def run(self, programs, work: Work):
         out = {}
         for m, ep in programs.items():
-            converted = quantize(ep.module(), work.modules[m], self.parts, calibrate=self.calibrate)
-            with torch.no_grad():
-                out[m] = torch.export.export(converted, tuple(work.inputs[m]), strict=False)
+            converted = quantize(ep.module(check_guards=False), work.modules[m], self.parts, calibrate=self.calibrate)
+            out[m] = export_variant(converted, work.inputs[m], work.modules[m])
         return out
 
     def program(self, programs):
-        return ModuleLoaded({m: ep.module() for m, ep in programs.items()})
+        return ModuleLoaded({m: ep.module(check_guards=False) for m, ep in programs.items()})
 
     def references(self, programs, work: Work) -> dict:
-        return {m: OwnModule(ep.module(), work.modules[m].initial_state)
+        return {m: OwnModule(ep.module(check_guards=False), work.modules[m].initial_state)
                 for m, ep in programs.items()}
 
 
@@ -225,16 +228,15 @@ def own_references(decoder: Code2Wav, name: str, specs) -> dict:
 
     p = get_precision(name)
     if p.stage is None:
-        return {m: make_variant(decoder, s.variant, s.chunk, s.context) for m, s in specs.items()}
+        return {m: make_variant(decoder, s.variant, s.max_chunk, s.context) for m, s in specs.items()}
     prepared = prepare(decoder)
     if p.after == "prepare":  # fp16
         half = to_half(prepared)
-        return {m: make_variant(half, s.variant, s.chunk, s.context) for m, s in specs.items()}
+        return {m: make_variant(half, s.variant, s.max_chunk, s.context) for m, s in specs.items()}
     out = {}
     for m, s in specs.items():  # int8: quantized from the prepared variant, as the Quantize stage does
-        module = make_variant(prepared, s.variant, s.chunk, s.context)
+        module = make_variant(prepared, s.variant, s.max_chunk, s.context)
         example = parity_inputs(module, 1, 0)[0] + module.initial_state()
-        with torch.no_grad():
-            graph = torch.export.export(module, example, strict=False).module()
+        graph = export_variant(module, example, module).module(check_guards=False)
         out[m] = OwnModule(quantize(graph, module, p.parts), module.initial_state)
     return out

@@ -6,10 +6,13 @@ untouched decoder (and the tests with upstream), so a folding bug cannot hide.
 - SnakeBeta: exp(alpha) and 1/(exp(beta) + 1e-9) as buffers (FoldedSnake).
 - Split RVQ: each half's codebooks as one stacked table embedding_sum / usage.clamp, looked up once
   with per-codebook offsets (FoldedRVQ).
-- Transposed convs: as the stride-1 conv of their output phases, interleaved
-  (conv_transpose1d_by_phases: XNNPACK's transposed conv runs at ~half its conv's speed); the bias
-  as a [1, C, 1] buffer (no per-call unsqueeze).
-- RoPE: the inverse frequencies as a buffer.
+- Transposed convs: as the stride-1 causal conv of their output phases, interleaved
+  (causal_conv_transpose1d_by_phases: XNNPACK's transposed conv runs at ~half its conv's speed);
+  the bias as a [1, C, 1] buffer (no per-call unsqueeze).
+- RoPE: the inverse frequencies as a buffer; the rotate-half as a linear with a +-1 matrix
+  (Rotate: exact, and delegated at a dynamic chunk, where slicing the halves is not).
+- The windowed cuts (Trim): a dilated two-tap depthwise conv (ShiftTrim: exact, and delegated at
+  a dynamic chunk, where the slice is not).
 - RMSNorm and the ConvNeXt LayerNorm: the mean over channels written as a 4-D global average
   (`mean_last`), the form XNNPACK delegates, so the norms stop splitting the graph into partitions.
 """
@@ -22,15 +25,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..model.decoder import Code2Wav, ResidualVQ, Transformer
-from ..model.layers import CausalConvTranspose1d, RMSNorm, SnakeBeta, snake, snake_constants
+from ..model.decoder import Attention, Code2Wav, ResidualVQ, Transformer
+from ..model.layers import CausalConvTranspose1d, RMSNorm, SnakeBeta, Trim, causal_conv1d, snake, snake_constants
 
 
 def mean_last(x: Tensor) -> Tensor:
     """Mean over the last dim, [B, T, C] -> [B, T, 1], as a global average over the inner two dims
     of a 4-D view (XNNPACK delegates mean.dim only in that form)."""
-    b, t, c = x.shape
-    return x.view(b, t, 1, c).mean((2, 3), keepdim=True).view(b, t, 1)
+    b, _, c = x.shape  # the frame axis -1: a reshape with a symbolic size is not delegated
+    return x.view(b, -1, 1, c).mean((2, 3), keepdim=True).view(b, -1, 1)
 
 
 def rms_norm_4d(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -87,37 +90,96 @@ def phase_weight(weight: Tensor, stride: int) -> Tensor:
     return w.permute(1, 3, 0, 2).reshape(cout * stride, cin, taps).contiguous()
 
 
-def conv_transpose1d_by_phases(x: Tensor, phases: Tensor, stride: int, kernel: int) -> Tensor:
-    """F.conv_transpose1d(x, weight, stride=S) without bias, computed as the stride-1 conv of
-    phase_weight(weight, S) (one output channel per phase) and the phases interleaved in time.
-    XNNPACK runs this conv 1.6-3.7x faster than its transposed conv (Subconv2D) at real-size shapes.
-    x [B, Cin, T], phases [Cout * S, Cin, taps] -> [B, Cout, (T-1)*S + K]."""
-    b, _, t = x.shape
-    taps = phases.shape[-1]
-    y = F.conv1d(x, phases, padding=taps - 1)  # [B, Cout * S, T + taps - 1]: out[S*t + j] = y[c*S + j, t]
-    full = y.view(b, -1, stride, t + taps - 1).transpose(2, 3).reshape(b, -1, (t + taps - 1) * stride)
-    n = (t - 1) * stride + kernel
-    return full[..., :n] if full.shape[-1] > n else full  # a kernel short of taps * S ends earlier
+def interleave_phases(y: Tensor, stride: int) -> Tensor:
+    """[B, Cout * S, T] (channel c * S + j: output phase j of channel c) -> [B, Cout, T * S], the
+    phases interleaved in time. The frame axis is -1 in both views: XNNPACK delegates a reshape
+    with one inferred size, not one with a symbolic size (a dynamic chunk), and export keeps the -1
+    of a view of a contiguous tensor (a reshape of a transposed one is traced with the size computed)."""
+    b, channels, _ = y.shape
+    return y.view(b, channels // stride, stride, -1).transpose(2, 3).contiguous().view(b, channels // stride, -1)
+
+
+def causal_conv_transpose1d_by_phases(x: Tensor, history: Tensor | None, phases: Tensor, bias: Tensor | None,
+                                      stride: int) -> tuple[Tensor, Tensor]:
+    """layers.causal_conv_transpose1d computed as the stride-1 causal conv of its output phases
+    (phase_weight: one output channel per phase; its history is the transposed conv's H input
+    frames), the phases interleaved in time. XNNPACK runs this conv 1.6-3.7x faster than its
+    transposed conv (Subconv2D) at real-size shapes. No slice of the chunk axis on the way to y (a
+    slice of a dynamic axis is not delegated). x [B, Cin, T], history [B, Cin, H] or None, phases
+    [Cout * S, Cin, H + 1], bias [1, Cout, 1] or None -> y [B, Cout, T*S], new history [B, Cin, H]."""
+    y, new = causal_conv1d(x, history, phases, None, 1, 1)  # [B, Cout * S, T]: out[S*t + j] = y[c*S + j, t]
+    y = interleave_phases(y, stride)
+    return (y + bias if bias is not None else y), new
 
 
 class FoldedConvTranspose1d(CausalConvTranspose1d):
-    """CausalConvTranspose1d computed by conv_transpose1d_by_phases, its bias a [1, Cout, 1] buffer
-    (layers.overlap_add takes either shape). The transposed conv's weight is dropped; `conv` stays
-    for its shape (state_shapes, the decoder's reach)."""
+    """CausalConvTranspose1d computed by causal_conv_transpose1d_by_phases, its bias a [1, Cout, 1]
+    buffer. The transposed conv's weight is dropped; `conv` stays for its shape (state_shapes, the
+    decoder's reach)."""
 
     def __init__(self, module: CausalConvTranspose1d):  # module belongs to prepare()'s private copy
         nn.Module.__init__(self)
-        self.conv, self.overlap, self.state_name = module.conv, module.overlap, module.state_name
+        self.conv, self.overlap, self.pad, self.state_name = module.conv, module.overlap, module.pad, module.state_name
         bias = module.conv.bias
         self.register_buffer("bias3", None if bias is None else bias.detach()[None, :, None])
         self.phases = nn.Parameter(phase_weight(module.conv.weight.detach(), module.conv.stride[0]))
         self.conv.weight, self.conv.bias = None, None  # carried by phases and bias3 alone
 
-    def forward(self, x: Tensor, state, keep: Tensor | None = None):
-        return self._forward(x, state, self.bias3, keep)
+    def _conv(self, x: Tensor, history: Tensor | None) -> tuple[Tensor, Tensor]:
+        return causal_conv_transpose1d_by_phases(x, history, self.phases, self.bias3, self.conv.stride[0])
 
-    def _full(self, x: Tensor) -> Tensor:
-        return conv_transpose1d_by_phases(x, self.phases, self.conv.stride[0], self.conv.kernel_size[0])
+
+def rotate_half_matrix(dim: int) -> Tensor:
+    """[D, D] R with x @ R = cat(-x[D/2:], x[:D/2]) (RoPE's rotate-half): one +-1 per column, so
+    the product is exact."""
+    half = dim // 2
+    r = torch.zeros(dim, dim)
+    r[torch.arange(half) + half, torch.arange(half)] = -1.0
+    r[torch.arange(half), torch.arange(half) + half] = 1.0
+    return r
+
+
+class Rotate(nn.Module):
+    """x [..., D] -> x @ R (rotate_half_matrix) as a linear: XNNPACK delegates it at a dynamic chunk,
+    where the halves' slices of the rotate-half would run outside the delegate and split it.
+    Quantizers leave it alone (precision.EXACT_MODULES)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.register_buffer("weight", rotate_half_matrix(dim).t().contiguous())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight)
+
+
+class FoldedAttention(Attention):
+    """Attention whose RoPE rotate-half is a linear (Rotate). [B, T, hidden] -> [B, T, hidden]."""
+
+    def __init__(self, module: Attention):
+        nn.Module.__init__(self)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = module.q_proj, module.k_proj, module.v_proj, module.o_proj
+        self.heads, self.kv_heads, self.head_dim, self.cache = module.heads, module.kv_heads, module.head_dim, module.cache
+        self.state_name = module.state_name
+        self.rotate = Rotate(module.head_dim)
+
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        return x * cos + self.rotate(x) * sin
+
+
+class ShiftTrim(Trim):
+    """Trim as a depthwise conv of two taps (0, 1) dilated by k: y[t] = x[t + k], exactly, over
+    [B, C, n] -> [B, C, n - k]. XNNPACK delegates a conv at a dynamic length, where a slice would
+    run outside the delegate and split it (the windowed program's cuts sit on its main path).
+    Quantizers leave it alone (precision.EXACT_MODULES)."""
+
+    def __init__(self, channels: int):
+        nn.Module.__init__(self)
+        # a buffer (a weight XNNPACK can pack), sliced per call to the channels: folded at lowering
+        self.register_buffer("taps", torch.tensor([0.0, 1.0]).repeat(channels, 1, 1))
+
+    def forward(self, x: Tensor, k: int) -> Tensor:
+        c = x.shape[1]
+        return F.conv1d(x, self.taps[:c].to(x.dtype), dilation=k, groups=c)
 
 
 class RMSNorm4D(RMSNorm):
@@ -148,6 +210,7 @@ class FoldedTransformer(Transformer):
         self.input_proj, self.layers, self.norm, self.output_proj = (
             module.input_proj, module.layers, module.norm, module.output_proj)
         self.head_dim, self.theta, self.cache, self.window = module.head_dim, module.theta, module.cache, module.window
+        self.groups = module.groups
         self.register_buffer("inv_freq_table", module.inv_freq(module.input_proj.weight.dtype))
 
     def inv_freq(self, dtype: torch.dtype) -> Tensor:
@@ -157,15 +220,18 @@ class FoldedTransformer(Transformer):
 # module type -> its export-ready replacement
 FOLDS: dict[type, type] = {
     SnakeBeta: FoldedSnake, ResidualVQ: FoldedRVQ, CausalConvTranspose1d: FoldedConvTranspose1d,
-    RMSNorm: RMSNorm4D, nn.LayerNorm: LayerNorm4D, Transformer: FoldedTransformer,
+    RMSNorm: RMSNorm4D, nn.LayerNorm: LayerNorm4D, Transformer: FoldedTransformer, Attention: FoldedAttention,
 }  # module type -> its folded replacement
 
 
 def prepare(decoder: Code2Wav) -> Code2Wav:
     """A copy of `decoder` with every FOLDS module replaced (the original is untouched)."""
     prepared = copy.deepcopy(decoder)
-    for name, module in list(prepared.named_modules()):
+    # deepest first: a fold that copies its children (FoldedTransformer) then holds folded ones
+    for name, module in reversed(list(prepared.named_modules())):
         for child_name, child in list(module.named_children()):
             if type(child) in FOLDS:
                 setattr(module, child_name, FOLDS[type(child)](child))
+    prepared.trim = ShiftTrim(max(max(m.in_channels, m.out_channels) for m in prepared.modules()
+                                  if isinstance(m, (nn.Conv1d, nn.ConvTranspose1d))))
     return prepared.eval().requires_grad_(False)

@@ -1,23 +1,23 @@
-"""Stream drivers: feed a code stream through per-chunk programs of any flow, whole or as it arrives.
+"""Stream drivers: feed a code stream through a variant's one method (any chunk 1..max), whole or
+as it arrives.
 
-Schedule: the ramp (default 1 2 4 8 16 25), then its last size repeated. Small chunks first give
-early audio; large chunks later cost less per frame.
+Schedule: the ramp (default 1 2 4 8 16 25) caps the size of each call, then its last size repeated.
+Small chunks first give early audio; large chunks later cost less per frame. The ramp is a
+decode-time choice: any sizes within the program's chunk range.
 
-Last partial chunk: when fewer frames remain than the next scheduled size, the driver uses the
-smallest ramp size >= the remainder, right-pads the codes with frames of code 0 and keeps only the
-remainder's samples. The decoder is causal, so the padding cannot change the kept samples: any
-stream length T >= 1 yields exactly T*hop samples, equal to what an unpadded decode would give.
+A call decodes what has arrived, up to its scheduled size: pushed frames never wait for a ramp
+step to fill, and the last chunk of a stream is just the frames that remain. Any stream length
+T >= 1 yields exactly T*hop samples.
 
-Windowed start of stream: the windowed program always takes `context + chunk` frames plus
-`history`, the number of real frames before the chunk. While fewer than `context` frames of
-history exist, the window is left-padded with code 0 and `history` says so; the program decodes the
-pad as the offline decode's causal zero padding, so the stream is exact from frame 0. After
-`context` frames (the steady state) it is exact when the context covers the decoder's receptive
-field, and at a measured floor otherwise (`stream_check`).
+Windowed start of stream: the windowed program takes `context + chunk` frames plus `history`, the
+number of real frames before the chunk. While fewer than `context` frames of history exist, the
+window is left-padded with code 0 and `history` says so; the program decodes the pad as the
+offline decode's causal zero padding, so the stream is exact from frame 0. After `context` frames
+(the steady state) it is exact when the context covers the decoder's receptive field, and at a
+measured floor otherwise (`stream_check`).
 
 `StreamDecoder` is the one driver: codes are pushed as they arrive (any sizes) and audio comes out
-as soon as the schedule allows; `stream_stateful` / `stream_windowed` push a whole stream at once,
-so an incremental stream and a whole one run the same calls on the same inputs.
+at once; `stream_stateful` / `stream_windowed` push a whole stream at once, which follows the ramp.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ DEFAULT_RAMP_REASON = (
     "reports/real/bench.md): 1 2 4 8 16 25 first audio 55.8 ms, 1 underrun, 9.5 ms stall; 2 4 8 16 25 113.7 ms, "
     "3 underruns, 41.1 ms; 4 8 16 25 166.1 ms, none; RTF 0.50 for all three")
 DEFAULT_CONTEXT = 72  # windowed left context frames (the real model's sliding window)
+DEFAULT_MAX_CHUNK = 25  # the largest chunk a program takes (memory is planned for it): the ramp's last size
 PAD_CODE = 0
 
 RunFn = Callable[[str, Sequence[Tensor]], tuple[Tensor, ...]]
@@ -53,29 +54,23 @@ RunFn = Callable[[str, Sequence[Tensor]], tuple[Tensor, ...]]
 @dataclass(frozen=True)
 class Step:
     start: int  # first frame of this chunk in the stream
-    frames: int  # real frames decoded (<= chunk)
-    chunk: int  # program size used (frames + right padding)
+    frames: int  # frames decoded by this call (its chunk size)
 
 
 def _step_size(ramp: Sequence[int], i: int) -> int:
-    """The planned size of step i: the ramp, then its last size repeated."""
+    """The largest size of call i: the ramp, then its last size repeated."""
     return ramp[i] if i < len(ramp) else ramp[-1]
 
 
-def _tail_chunk(ramp: Sequence[int], remaining: int) -> int:
-    """The program size for a last partial chunk: the smallest ramp size that fits."""
-    return next((r for r in ramp if r >= remaining), ramp[-1])
-
-
 def schedule(total: int, ramp: Sequence[int] = DEFAULT_RAMP) -> list[Step]:
-    """The chunk steps covering `total` frames (see the module docstring for the last chunk)."""
+    """The calls decoding a whole stream of `total` frames: the ramp's sizes, then its last size
+    repeated; the last call takes what remains."""
     if total < 1:
         raise ValueError(f"a stream needs at least 1 frame, got {total}")
     ramp = check_ramp(ramp)
     steps, pos = [], 0
     while pos < total:
-        size, remaining = _step_size(ramp, len(steps)), total - pos
-        steps.append(Step(pos, size, size) if remaining >= size else Step(pos, remaining, _tail_chunk(ramp, remaining)))
+        steps.append(Step(pos, min(_step_size(ramp, len(steps)), total - pos)))
         pos += steps[-1].frames
     return steps
 
@@ -99,27 +94,22 @@ class StreamResult:
         return simulate_playback(self.seconds, [s.frames * hop / sample_rate for s in self.steps])
 
 
-def _pad_right(codes: Tensor, n: int) -> Tensor:
-    return torch.cat([codes, torch.full((*codes.shape[:2], n), PAD_CODE, dtype=codes.dtype)], dim=-1) if n else codes
-
-
-def windowed_inputs(history: Tensor, new: Tensor, chunk: int, context: int) -> tuple[Tensor, Tensor]:
-    """One windowed call's inputs: codes [1, Q, context + chunk] (the real history [1, Q, h <= context]
-    left-padded with code 0, the new frames [1, Q, n <= chunk] right-padded with code 0) and
-    `history` int64 [1] = h, which tells the program that the left pad is absent, not audio."""
+def windowed_inputs(history: Tensor, new: Tensor, context: int) -> tuple[Tensor, Tensor]:
+    """One windowed call's inputs: codes [1, Q, context + n] (the real history [1, Q, h <= context]
+    left-padded with code 0, then the new frames [1, Q, n]) and `history` int64 [1] = h, which tells
+    the program that the left pad is absent, not audio."""
     h = history.shape[-1]
     left = torch.full((*new.shape[:2], context - h), PAD_CODE, dtype=new.dtype)
-    window = torch.cat([left, history, _pad_right(new, chunk - new.shape[-1])], dim=-1)
-    return window, torch.tensor([h], dtype=torch.int64)
+    return torch.cat([left, history, new], dim=-1), torch.tensor([h], dtype=torch.int64)
 
 
 class StreamDecoder:
-    """Incremental decode through `chunk_<n>` (windowed) or `stateful_chunk_<n>` methods.
+    """Incremental decode through a variant's method (`windowed` or `stateful`).
 
-    `push(codes [1, Q, n])` takes frames as they arrive, in any sizes, and returns the audio chunks
-    ([1, frames * hop] each) that the schedule could decode; `finish()` decodes what is left (the
-    padded last chunk) and ends the stream. It carries the state (stateful) or the last `context`
-    frames (windowed). `steps` and `seconds` record what ran and its compute time."""
+    `push(codes [1, Q, n])` takes frames as they arrive, in any sizes, and decodes them at once, in
+    calls of at most the scheduled size each, returning the audio chunks ([1, frames * hop] each);
+    `finish()` ends the stream. It carries the state (stateful) or the last `context` frames
+    (windowed). `steps` and `seconds` record what ran and its compute time."""
 
     def __init__(self, run: RunFn, variant: str, hop: int, ramp: Sequence[int] = DEFAULT_RAMP, context: int = 0,
                  state: Sequence[Tensor] = (), check: Callable[[Tensor], None] | None = None):
@@ -151,37 +141,36 @@ class StreamDecoder:
             raise InputError(f"pushed codes have {codes.shape[1]} quantizers, the stream has {self.pending.shape[1]}")
         self.pending = codes if self.pending is None else torch.cat([self.pending, codes], dim=-1)
         out = []
-        while self.pending.shape[-1] >= (size := _step_size(self.ramp, len(self.steps))):
-            out.append(self._decode(size, size))
+        while self.pending.shape[-1]:
+            out.append(self._decode(min(self.pending.shape[-1], _step_size(self.ramp, len(self.steps)))))
         return out
 
     def finish(self) -> list[Tensor]:
-        """Decode the remainder (fewer frames than the next scheduled size) and end the stream."""
+        """End the stream (every pushed frame is already decoded)."""
         if self.finished:
             return []
         self.finished = True
-        remaining = 0 if self.pending is None else self.pending.shape[-1]
-        if self.decoded_frames + remaining == 0:
+        if self.decoded_frames == 0:
             raise InputError("a stream needs at least 1 frame, got 0")
-        return [self._decode(remaining, _tail_chunk(self.ramp, remaining))] if remaining else []
+        return []
 
-    def _decode(self, frames: int, chunk: int) -> Tensor:
+    def _decode(self, frames: int) -> Tensor:
         new, self.pending = self.pending[:, :, :frames], self.pending[:, :, frames:]
         if self.variant == "stateful":
-            inputs: tuple[Tensor, ...] = (_pad_right(new, chunk - frames), *self.state)
+            inputs: tuple[Tensor, ...] = (new, *self.state)
         else:
             history = self.history if self.history is not None else new[:, :, :0]
-            inputs = windowed_inputs(history, new, chunk, self.context)
+            inputs = windowed_inputs(history, new, self.context)
         t0 = time.perf_counter()
-        out = self.run(method_name(self.variant, chunk), inputs)
+        out = self.run(method_name(self.variant), inputs)
         self.seconds.append(time.perf_counter() - t0)
-        self.steps.append(Step(self.decoded_frames, frames, chunk))
+        self.steps.append(Step(self.decoded_frames, frames))
         if self.variant == "stateful":
             self.state = tuple(out[1:])
         else:
             seen = new if self.history is None else torch.cat([self.history, new], dim=-1)
             self.history = seen[:, :, max(seen.shape[-1] - self.context, 0):]
-        return out[0][:, : frames * self.hop]
+        return out[0]
 
     def stream(self, chunks: Iterable[Tensor]) -> Iterator[Tensor]:
         """A generator over arriving code chunks: yields each audio chunk as soon as it is decoded."""
@@ -195,14 +184,14 @@ class StreamDecoder:
 
 def stream_stateful(run: RunFn, initial_state: Sequence[Tensor], codes: Tensor, hop: int,
                     ramp: Sequence[int] = DEFAULT_RAMP) -> StreamResult:
-    """codes int64 [1, Q, T] through `stateful_chunk_<n>` methods, state fed back -> [1, T*hop]."""
+    """codes int64 [1, Q, T] through the `stateful` method, state fed back -> [1, T*hop]."""
     dec = StreamDecoder(run, "stateful", hop, ramp, state=initial_state)
     return dec.result(list(dec.stream([codes])))
 
 
 def stream_windowed(run: RunFn, codes: Tensor, hop: int, context: int,
                     ramp: Sequence[int] = DEFAULT_RAMP) -> StreamResult:
-    """codes int64 [1, Q, T] through `chunk_<n>` windowed methods -> [1, T*hop]."""
+    """codes int64 [1, Q, T] through the `windowed` method -> [1, T*hop]."""
     dec = StreamDecoder(run, "windowed", hop, ramp, context)
     return dec.result(list(dec.stream([codes])))
 
@@ -212,18 +201,20 @@ def ramp_reason(ramp: Sequence[int]) -> str:
     return DEFAULT_RAMP_REASON if tuple(ramp) == DEFAULT_RAMP else "given to export with --ramp"
 
 
-def check_ramp(ramp: Sequence[int]) -> list[int]:
-    """Sorted distinct positive chunk sizes, or ValueError naming the ramp."""
+def check_ramp(ramp: Sequence[int], max_chunk: int | None = None) -> list[int]:
+    """Sorted distinct chunk sizes within 1..max_chunk, or ValueError naming the ramp."""
     out = sorted(set(int(r) for r in ramp))
     if not out or out[0] < 1:
         raise ValueError(f"ramp must hold positive chunk sizes, got {list(ramp)}")
+    if max_chunk is not None and out[-1] > max_chunk:
+        raise ValueError(f"ramp {out} goes past the programs' largest chunk, {max_chunk}")
     return out
 
 
 def stream_frames(ramp: Sequence[int], extra: int, context: int = 0) -> int:
-    """A stream length that runs through the whole ramp, one repeat of its last size and a partial
-    chunk of `extra` frames (extra < the smallest chunk keeps it partial), after `context` frames
-    (so a windowed stream also has a steady state to check)."""
+    """A stream length that runs through the whole ramp, one repeat of its last size and a short
+    last chunk of `extra` frames, after `context` frames (so a windowed stream also has a steady
+    state to check)."""
     return context + sum(ramp) + ramp[-1] + extra
 
 
@@ -280,7 +271,7 @@ def stream_check(decoder: Code2Wav, run: RunFn, variants: Sequence[str], ramp: S
         if v == "stateful":
             out.append(StreamCheck("stateful", "offline decode", compare(got, offline), gate))
             continue
-        eager = ModuleLoaded({method_name("windowed", c): make_variant(decoder, "windowed", c, context) for c in ramp})
+        eager = ModuleLoaded({method_name("windowed"): make_variant(decoder, "windowed", max(ramp), context)})
         ref = stream_windowed(eager.run, codes, cfg.hop, context, ramp).wav
         out.append(StreamCheck("windowed", "eager windowed stream", compare(got, ref), gate))
         start = min(context, frames) * cfg.hop

@@ -151,10 +151,12 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
 # fp16 (vectors from the own fp16 eager reference, atol the XNNPACK fp16 gate's 0.05): conv history
 # of magnitude ~10 differs by up to 0.072 (~9 fp16 ulps), which needs rtol 7.6e-3 over tiny's
 # stateful chunks 1 and 2 (two chained vectors each); 0.02 gives 2.6x margin.
-# int8-tail (atol 0.05, its XNNPACK gate): the state differs from the converted reference by at most
-# 1.7e-5 (the quantized tail's conv histories hold its float inputs) and the wav by 8.4e-3, so the fp32
-# rtol holds.
-BUNDLE_STATE_RTOL: dict[str, float] = {"float32": 1e-4, "float16": 0.02, "int8-tail": 1e-4}  # precision key -> rtol
+# int8-tail (atol 0.05, its XNNPACK gate): the quantized tail's conv histories hold inputs its int8 convs
+# computed in this call (a 25-frame chunk fills them), ~1 requantization step off the converted
+# reference: up to 0.082 at magnitude ~11 on tiny (the wav: 9.7e-3), over the bundle's two chained
+# vectors (chunks 25 and 1; static chunks 1 and 2 kept them within 1.7e-5). Past the atol that needs
+# rtol 2.6e-2; 0.07 gives 2.7x margin.
+BUNDLE_STATE_RTOL: dict[str, float] = {"float32": 1e-4, "float16": 0.02, "int8-tail": 0.07}  # precision key -> rtol
 
 PERTURBATION = 1e-3  # relative change of one weight that a gate must reject
 

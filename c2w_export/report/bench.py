@@ -54,16 +54,27 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
               "| graph nodes | partitions | ops outside the delegate |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     flops = {(f["variant"], f["chunk"]): f for f in extra.get("flops", [])}
-    progs = {(p["flow"], p["variant"], p["chunk"]): p for p in extra.get("programs", [])}
+    progs = {(p["flow"], p["variant"]): p for p in extra.get("programs", [])}  # one program per variant, every chunk
     for c in sorted((c for c in calls if c.get("kind") == "call"), key=lambda c: (c["flow"], c["variant"], c["chunk"])):
         f = flops.get((c["variant"], c["chunk"]))
-        p = progs.get((c["flow"], c["variant"], c["chunk"]), {})
+        p = progs.get((c["flow"], c["variant"]), {})
         gflops = f["gflop_per_call"] / c["median_s"] if f else None
         lines.append(f"| {c['flow']} | {c['variant']} | {c['chunk']} | {c['median_s'] * 1e3:.2f} | {c['iqr_s'] * 1e3:.2f} | "
                      f"{c['median_s'] / (c['chunk'] * hop_s):.3f} | {_fmt(gflops)} | {share(gflops)} | {p.get('bytes', '-')} | "
                      f"{_fmt(p.get('export_s'), '.1f')} | {_fmt(p.get('lower_s'), '.1f')} | {p.get('nodes') or '-'} | "
                      f"{(p.get('delegation') or {}).get('partitions', '-')} | "
                      f"{(p.get('delegation') or {}).get('outside_ops', '-')} |")
+    static = extra.get("static_vs_dynamic", [])
+    if static:
+        lines += ["", "## One dynamic program against a static program per chunk", "",
+                  "The shipped XNNPACK program (one method, chunks 1..max, memory planned at the max) and a program "
+                  "exported for that chunk alone (the design before dynamic methods), called alternately in this run: "
+                  "median ms of each. \"max abs between\": the two programs' outputs on the same inputs.", "",
+                  "| variant | chunk | dynamic ms | static ms | dynamic / static | max abs between | static lowering s |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in sorted(static, key=lambda r: (r["variant"], r["chunk"])):
+            lines.append(f"| {r['variant']} | {r['chunk']} | {r['dynamic_ms']:.2f} | {r['static_ms']:.2f} | "
+                         f"{r['dynamic_ms'] / r['static_ms']:.2f} | {r['max_abs_between']:.3g} | {r['static_lower_s']:.1f} |")
     lines += ["", "## Streams (20 s of audio, ramp schedule)", "",
               "Playback: a player that starts with the first chunk and plays 24 kHz in real time, the calls "
               "running back to back (program/playback.py): underruns, total stall, and the start-up buffer "

@@ -15,9 +15,9 @@ def count_flops(module, inputs) -> int:
 
 
 def flops_per_audio_second(module) -> float:
-    """FLOPs one call costs, divided by the seconds of audio it produces (chunk frames)."""
+    """FLOPs one call at the largest chunk costs, divided by the seconds of audio it produces."""
     cfg = module.decoder.config
-    seconds = module.chunk * cfg.hop / cfg.output_sample_rate
+    seconds = module.max_chunk * cfg.hop / cfg.output_sample_rate
     return count_flops(module, example_inputs(module)) / seconds
 
 

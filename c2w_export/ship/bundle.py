@@ -52,7 +52,7 @@ def write_bundles(results: Sequence[ProgramResult], progress: Callable[[str], No
     for pte, rs in by_file.items():
         suites = [MethodTestSuite(method_name=r.spec.method, test_cases=[
             MethodTestCase(inputs=i, expected_outputs=o)
-            for i, o in bundle_cases(make_variant(reference, r.spec.variant, r.spec.chunk, r.spec.context), r.own)])
+            for i, o in bundle_cases(make_variant(reference, r.spec.variant, r.spec.max_chunk, r.spec.context), r.own)])
             for r in rs]
         try:
             data = serialize_from_bundled_program_to_flatbuffer(BundledProgram(None, suites, pte_file_path=str(pte)))

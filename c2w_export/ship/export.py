@@ -1,5 +1,6 @@
-"""`c2w-export export`: build every chunk program, check each in its own runtime against eager
-(windows and whole streams), write artifacts + manifest.json. Over tolerance -> nothing ships.
+"""`c2w-export export`: build one program per variant (one method, any chunk 1..max_chunk), check
+each in its own runtime against eager (windows of drawn chunk sizes and whole streams), write
+artifacts + manifest.json. Over tolerance -> nothing ships.
 
 Everything is built in a staging directory inside `out_dir` and moved into place only when every
 program passed, so a failure halfway never leaves a partial manifest or artifact behind.
@@ -19,19 +20,21 @@ from ..program.pipeline import QUALITY, ParityError, build
 from ..program.precision import FP32, get_precision, with_precision
 from ..program.tolerances import BUNDLE_STATE_RTOL
 from ..program.runner import Dispatch, Runner
-from ..program.streaming import DEFAULT_CONTEXT, DEFAULT_RAMP, check_ramp, stream_check, stream_frames
+from ..program.streaming import DEFAULT_CONTEXT, DEFAULT_MAX_CHUNK, DEFAULT_RAMP, check_ramp, stream_check, stream_frames
 from ..program.variants import VARIANTS
 from . import manifest as mf
 
 
-def export_artifacts(model: str, out_dir: Path, *, ramp: Sequence[int] = DEFAULT_RAMP, context: int = DEFAULT_CONTEXT,
+def export_artifacts(model: str, out_dir: Path, *, ramp: Sequence[int] = DEFAULT_RAMP, max_chunk: int = DEFAULT_MAX_CHUNK,
+                     context: int = DEFAULT_CONTEXT,
                      backend: str = "executorch", partitioner: str | None = "xnnpack",
                      variants: Sequence[str] = ("windowed",), multi_method: bool = False, windows: int = 3,
                      bundle: bool = False, seed: int = 0, decoder: Code2Wav | None = None,
                      precision: str = FP32, progress: Callable[[str], None] = print) -> dict:
     """Export the checkpoint `model` (or `decoder`, a modified copy of it), check every program and
     whole streams against the checkpoint's eager decoder, and write. Returns the manifest; raises
-    ParityError (nothing written) when a program is over tolerance.
+    ParityError (nothing written) when a program is over tolerance. `ramp` is the decode schedule
+    the manifest recommends (any sizes within 1..max_chunk); it is also the export's stream check.
 
     A reduced `precision` (program/precision.py) is held to both of its gates: every program and
     stream against its own eager reference at that precision, and against the fp32 decoder at the
@@ -39,7 +42,9 @@ def export_artifacts(model: str, out_dir: Path, *, ramp: Sequence[int] = DEFAULT
     for v in variants:
         if v not in VARIANTS:
             raise ValueError(f"unknown variant {v!r}; choose from {VARIANTS}")
-    ramp = check_ramp(ramp)
+    if max_chunk < 1:
+        raise ValueError(f"max_chunk must be >= 1, got {max_chunk}")
+    ramp = check_ramp(ramp, max_chunk)
     if context < 0:
         raise ValueError(f"context must be >= 0, got {context}")
     flow = with_precision(flow_for(backend, partitioner), precision)
@@ -59,9 +64,10 @@ def export_artifacts(model: str, out_dir: Path, *, ramp: Sequence[int] = DEFAULT
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=".staging-"))
     try:
-        progress(f"exporting {len(variants) * len(ramp)} {precision} program(s) with {flow.name}: variants {list(variants)}, "
-                 f"ramp {ramp}, context {context}{', one multi-method file' if multi_method else ''}")
-        results, loaded = build(decoder, flow, variants, ramp, context, staging, multi_method=multi_method,
+        progress(f"exporting {len(variants)} {precision} program(s) with {flow.name}: variants {list(variants)}, "
+                 f"chunks 1..{max_chunk}, context {context}, decode ramp {ramp}"
+                 f"{', one multi-method file' if multi_method else ''}")
+        results, loaded = build(decoder, flow, variants, max_chunk, context, staging, multi_method=multi_method,
                                 windows=windows, seed=seed, progress=progress, reference=reference)
         runners = {r.spec.method: Runner(flow.name, loaded[r.spec.method], {r.spec.method: r.spec}, cfg.codebook_size)
                    for r in results}
@@ -84,7 +90,7 @@ def export_artifacts(model: str, out_dir: Path, *, ramp: Sequence[int] = DEFAULT
             from .bundle import write_bundles
 
             bundles = write_bundles(results, progress, reference)
-        manifest = mf.build(reference, model, flow, variants, ramp, context, results, streams, bundles)
+        manifest = mf.build(reference, model, flow, variants, ramp, max_chunk, context, results, streams, bundles)
         for f in staging.iterdir():
             if f.is_file() and not f.name.startswith("."):
                 f.replace(out_dir / f.name)

@@ -1,4 +1,4 @@
-"""Manifest v2 (`manifest.json`): what an artifacts directory holds and how it was checked.
+"""Manifest v3 (`manifest.json`): what an artifacts directory holds and how it was checked.
 
 Written atomically; loaded against a schema (unknown format_version, missing fields and wrong
 types are rejected with the field's path). Paths are relative to the artifacts directory.
@@ -19,12 +19,12 @@ from ..program.precision import FP32, PRECISIONS, get_precision
 from ..program.streaming import StreamCheck, ramp_reason
 from ..program.tolerances import tolerance
 
-FORMAT_VERSION = 2  # 2: windowed methods take (codes, history); v1's took codes alone
+FORMAT_VERSION = 3  # 3: one method per variant, any chunk min_chunk..max_chunk; 2: one per chunk; 1: no history
 MANIFEST = "manifest.json"
 
 
 class ManifestError(ValueError):
-    """manifest.json is missing, not JSON, or does not follow the v2 schema."""
+    """manifest.json is missing, not JSON, or does not follow the v3 schema."""
 
 
 NUM = (int, float)
@@ -33,7 +33,8 @@ SPEC = {"name": str, "shape": [int], "dtype": str}
 TOL = {"max_abs": NUM, "min_snr_db": NUM, "why": str}
 PARITY = {"max_abs": NUM, "snr_db": OPT_NUM, "windows": int, "streams": int}
 PROGRAM = {
-    "method": str, "variant": str, "chunk": int, "context": int, "path": str, "sha256": str, "bytes": int,
+    "method": str, "variant": str, "min_chunk": int, "max_chunk": int, "context": int, "path": str, "sha256": str,
+    "bytes": int,
     "inputs": [SPEC], "outputs": [SPEC], "backend": str, "partitioner": (str, type(None)), "verified": bool,
     "tolerance": TOL, "parity": PARITY,
 }
@@ -41,8 +42,8 @@ SCHEMA = {
     "format_version": int,
     "model": {"id": str, "config_sha256": str, "weights_sha256": str},
     "versions": {"torch": str, "executorch": (str, type(None)), "c2w_export": str, "python": str},
-    "decode": {"variants": [str], "ramp": [int], "ramp_reason": str, "context_frames": int, "hop": int, "sample_rate": int,
-               "num_quantizers": int, "codebook_size": int},
+    "decode": {"variants": [str], "ramp": [int], "ramp_reason": str, "max_chunk": int, "context_frames": int, "hop": int,
+               "sample_rate": int, "num_quantizers": int, "codebook_size": int},
     "state": [SPEC],
     "programs": [PROGRAM],
 }
@@ -69,9 +70,9 @@ def check_schema(value: Any, schema: Any, where: str = "manifest") -> None:
             raise ManifestError(f"{where} must be {names}, got {type(value).__name__} {value!r}"[:300])
 
 
-def build(decoder: Code2Wav, model: str, flow: Flow, variants: Sequence[str], ramp: Sequence[int], context: int,
-          results: Sequence[ProgramResult], streams: Sequence[StreamCheck], bundles: Mapping[str, dict]) -> dict:
-    """The v2 manifest of checked programs: each entry is its `MethodSpec.to_json()` plus file,
+def build(decoder: Code2Wav, model: str, flow: Flow, variants: Sequence[str], ramp: Sequence[int], max_chunk: int,
+          context: int, results: Sequence[ProgramResult], streams: Sequence[StreamCheck], bundles: Mapping[str, dict]) -> dict:
+    """The v3 manifest of checked programs: each entry is its `MethodSpec.to_json()` plus file,
     backend, tolerance and parity. Paths are file names (relative to the artifacts directory)."""
     cfg = decoder.config
     files = getattr(decoder, "checkpoint", None)
@@ -101,7 +102,7 @@ def build(decoder: Code2Wav, model: str, flow: Flow, variants: Sequence[str], ra
                   "weights_sha256": sha256_file(files.weights_path) if files else ""},
         "versions": versions(),
         "decode": {"variants": list(variants), "ramp": list(ramp), "ramp_reason": ramp_reason(ramp),
-                   "context_frames": context, "hop": cfg.hop,
+                   "max_chunk": max_chunk, "context_frames": context, "hop": cfg.hop,
                    "sample_rate": cfg.output_sample_rate, "num_quantizers": cfg.num_quantizers,
                    "codebook_size": cfg.codebook_size},
         "precision": precision_record(flow.precision),
@@ -137,8 +138,9 @@ def load(directory: Path) -> dict:
     if not isinstance(data, dict) or "format_version" not in data:
         raise ManifestError(f"{path}: missing required field 'format_version'")
     if data["format_version"] != FORMAT_VERSION:
-        hint = ("; v1 windowed programs lack the history input, so re-export with this c2w-export"
-                if data["format_version"] == 1 else "")
+        hint = {1: "; v1 windowed programs lack the history input, so re-export with this c2w-export",
+                2: "; v2 holds one method per chunk size, this c2w-export one per variant for every size: re-export "
+                   "with this c2w-export"}.get(data["format_version"], "") if isinstance(data["format_version"], int) else ""
         raise ManifestError(f"{path}: unknown format_version {data['format_version']!r}; this c2w-export reads "
                             f"{FORMAT_VERSION}{hint}")
     check_schema(data, SCHEMA, str(path))

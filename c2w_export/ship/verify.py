@@ -95,7 +95,7 @@ def verify(artifacts_dir: str | Path, model: str | None = None, windows: int = 3
             report.rows.append(Row("tolerance", method, None, tol, False,
                                    f"manifest records a looser tolerance (max_abs<={recorded.max_abs:g}, SNR>="
                                    f"{recorded.min_snr_db:g} dB) than this c2w-export's table; checked at the table's"))
-        module = make_variant(decoder, spec.variant, spec.chunk, spec.context)
+        module = make_variant(decoder, spec.variant, spec.max_chunk, spec.context)
         calls = parity_inputs(module, windows, seed)
         if reduced:  # side 1: against its own reference; side 2 (quality): against fp32 eager
             d = check_method(programs.run, own[method], method, calls)

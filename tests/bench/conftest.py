@@ -20,6 +20,7 @@ EXTRA: dict = {}
 def bench_extra(preset_name, ramp, context):
     EXTRA.update({"session": SESSION, "config": preset_name, "ramp": ramp, "context": context, "programs": [],
                   "streams": [], "flops": [], "rss": [], "context_study": [], "schedules": [], "profiles": [], "peaks": [],
+                  "static_vs_dynamic": [],
                   "offline_gflop_per_audio_s": None})
     return EXTRA
 

@@ -1,4 +1,5 @@
-"""Benchmarks per flow, variant and chunk (tox -e bench). One benchmarked call per test; our
+"""Benchmarks per flow, variant and chunk (tox -e bench): each variant is one program for every
+chunk, called at each ramp chunk. One benchmarked call per test; our
 numbers (RTF, first audio, FLOPs, RSS, export time, bytes, the context study) go to
 reports/bench-extra.json and then into reports/bench.md by `python -m c2w_export.report.bench`."""
 
@@ -32,17 +33,24 @@ def stream_of(run, variant: str, state, c, hop: int, context: int, ramp) -> Stre
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+def at_chunk(module, chunk: int, seed: int = 0) -> tuple:
+    """A call's inputs at `chunk` frames: seeded codes, a full history (windowed) or the start state."""
+    return example_inputs(module, codes(module.decoder, module.context + chunk, seed))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_call_latency(benchmark, programs, flow_name, variant, chunk, decoder, bench_extra):
-    """Latency of one call of one chunk program."""
+    """Latency of one call of the variant's program at one chunk size."""
     results, _ = programs.get(flow_name, variant)
-    r = results[method_name(variant, chunk)]
+    r = results[method_name(variant)]
     run = programs.runner(flow_name, variant).run
-    inputs = example_inputs(r.module)
+    inputs = at_chunk(r.module, chunk)
     benchmark.group = f"{variant}-chunk{chunk}"
     benchmark.extra_info.update({"flow": flow_name, "variant": variant, "chunk": chunk, "kind": "call"})
     benchmark.pedantic(run, args=(r.spec.method, inputs), rounds=5, iterations=1, warmup_rounds=1)
     if flow_name != "eager" and not any(p["flow"] == flow_name and p["method"] == r.spec.method for p in bench_extra["programs"]):
-        bench_extra["programs"].append({"flow": flow_name, "variant": variant, "chunk": chunk, "method": r.spec.method,
+        bench_extra["programs"].append({"flow": flow_name, "variant": variant, "chunk": f"1..{r.spec.max_chunk}",
+                                        "method": r.spec.method,
                                         "bytes": r.bytes, "nodes": r.nodes, "delegation": r.delegation,
                                         **{f"{k}_s": v for k, v in r.seconds.items()}})
 
@@ -56,9 +64,9 @@ def test_op_profile(programs, flow_name, variant, ramp, bench_extra):
     if not flow_name.startswith("executorch"):
         pytest.skip("ETDump profiles ExecuTorch programs only")
     results, _ = programs.get(flow_name, variant)
+    r = results[method_name(variant)]
     for chunk in ramp:
-        r = results[method_name(variant, chunk)]
-        rows = profile_pte(r.path, r.spec.method, list(example_inputs(r.module)), flow_name.removeprefix("executorch_"))
+        rows = profile_pte(r.path, r.spec.method, list(at_chunk(r.module, chunk)), flow_name.removeprefix("executorch_"))
         bench_extra["profiles"].append({"flow": flow_name, "variant": variant, "chunk": chunk, **shares(rows)})
 
 
@@ -90,7 +98,7 @@ def test_schedule_study(benchmark, programs, flow_name, variant, ramp, context, 
     c = codes(decoder, frames, 5)
     run = programs.runner(flow_name, variant).run
     init = initial_state(decoder)  # states are never mutated in place, so one serves every stream
-    candidates = [list(r) for r in SCHEDULES if set(r) <= set(ramp)]
+    candidates = [list(r) for r in SCHEDULES if max(r) <= max(ramp)]  # any schedule within the program's range
     candidates += [ramp] if ramp not in candidates else []
 
     def study():
@@ -106,6 +114,50 @@ def test_schedule_study(benchmark, programs, flow_name, variant, ramp, context, 
     benchmark.group = f"schedules-{variant}"
     benchmark.extra_info.update({"flow": flow_name, "variant": variant, "kind": "schedules"})
     bench_extra["schedules"] += benchmark.pedantic(study, rounds=1, iterations=1)
+
+
+STATIC_CHUNKS = (1, 2, 25)
+
+
+def test_static_vs_dynamic(programs, decoder, ramp, pytestconfig, bench_extra):
+    """The shipped dynamic XNNPACK stateful program against a static program exported for one chunk
+    (what every method was before), called alternately, 30 calls each, at chunks 1, 2 and 25: is a
+    static method ever worth keeping (the issue's bar: >= 10% faster)?"""
+    import time
+
+    from c2w_export.program.flows import ExecuTorchLoaded
+    from c2w_export.program.lowering import lower_together
+    from c2w_export.program.prepare import prepare
+
+    if "executorch_xnnpack" not in pytestconfig.getoption("--backends").split(","):
+        pytest.skip("executorch_xnnpack not in --backends")
+    results, _ = programs.get("executorch_xnnpack", "stateful")
+    r = results[method_name("stateful")]
+    dynamic = programs.runner("executorch_xnnpack", "stateful").run
+    prepared = prepare(decoder)
+    for chunk in (c for c in STATIC_CHUNKS if c <= r.spec.max_chunk):
+        module = make_variant(prepared, "stateful", chunk, 0)
+        inputs = list(at_chunk(r.module, chunk))
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            ep = torch.export.export(module, tuple(inputs), strict=False)  # static: this chunk only
+        static = ExecuTorchLoaded(lower_together({"stateful": ep}, "xnnpack").to_executorch().buffer)
+        lower_s = time.perf_counter() - t0
+        times = {"dynamic": [], "static": []}
+        for i in range(31):
+            for name, call in (("dynamic", lambda: dynamic("stateful", inputs)), ("static", lambda: static.run("stateful", inputs))):
+                t = time.perf_counter()
+                out = call()
+                if i:  # the first of each: a warm-up call
+                    times[name].append(time.perf_counter() - t)
+        between = compare(dynamic("stateful", inputs)[0], static.run("stateful", inputs)[0]).max_abs
+        med = {k: sorted(v)[len(v) // 2] * 1e3 for k, v in times.items()}
+        bench_extra["static_vs_dynamic"].append({"variant": "stateful", "chunk": chunk, "dynamic_ms": med["dynamic"],
+                                                 "static_ms": med["static"], "max_abs_between": between,
+                                                 "static_lower_s": lower_s})
+        print(f"stateful chunk {chunk}: dynamic {med['dynamic']:.2f} ms, static {med['static']:.2f} ms, "
+              f"max abs between {between:.3g}, static lowering {lower_s:.1f}s")
+        del out
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -134,7 +186,7 @@ def test_peak_rss(benchmark, programs, flow_name, variant, ramp, tmp_path, bench
     if flow_name == "eager":
         pytest.skip("eager has no artifact to load")
     results, _ = programs.get(flow_name, variant)
-    r = results[method_name(variant, ramp[-1])]
+    r = results[method_name(variant)]
     torch.save(list(example_inputs(r.module)), tmp_path / "inputs.pt")
     args = [sys.executable, "-m", "c2w_export.report.memory", flow_name, str(r.path), r.spec.method, str(tmp_path / "inputs.pt")]
     benchmark.group = "rss"
@@ -166,7 +218,7 @@ def test_context_study(benchmark, decoder, ramp, bench_extra):
     def study():
         rows = []
         for ctx in CONTEXTS:
-            run = ModuleLoaded({method_name("windowed", c): make_variant(decoder, "windowed", c, ctx) for c in ramp}).run
+            run = ModuleLoaded({method_name("windowed"): make_variant(decoder, "windowed", max(ramp), ctx)}).run
             wav = stream_windowed(run, c, cfg.hop, ctx, ramp).wav
             start = max(CONTEXTS) * cfg.hop  # steady state: past every context's warm-up
             d_all, d_steady = compare(wav, offline), compare(wav[:, start:], offline[:, start:])
