@@ -4,8 +4,8 @@ deconvs, GEMMs, ...) and every portable kernel outside it, with its calls and mi
 method call, next to the delegate calls and the method's total.
 
 The first `warmup` calls are left out of the times: the first call of a method sets up the
-delegate's runtime and is many times slower than the rest (measured 283 ms against ~45 ms on the
-tiny chunk_2)."""
+delegate's runtime and is many times slower than the rest (measured 283 ms against ~45 ms on a
+tiny static chunk-2 method)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ class OpTime:
 
 
 def example_inputs(art: Artifacts, method: str, seed: int = 0) -> list[torch.Tensor]:
-    """Inputs of `method` from its manifest spec: seeded codes, then a full history (windowed) or
-    the manifest's start state (stateful)."""
+    """Inputs of `method` from its manifest spec, at its largest chunk: seeded codes, then a full
+    history (windowed) or the manifest's start state (stateful)."""
     spec = art.specs[method]
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, art.decode["codebook_size"], spec.inputs[0].shape, generator=g)
