@@ -23,6 +23,44 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# How XNNPACK's f16 kernels compute on a CPU (tolerances.py holds a side-1 gate for each): the name
+# recorded in manifests and reports -> what it means.
+FP16_ARITHMETICS = {
+    "native-fp16": "half-precision arithmetic: XNNPACK's f16 kernels accumulate in fp16 (x86 AVX512-FP16; "
+                   "ARMv8.2 FP16, as on phones)",
+    "fp32-accumulate": "no half-precision arithmetic: XNNPACK's f16 kernels convert to float32 and accumulate there "
+                       "(x86 F16C)",
+}
+# CPU flags (/proc/cpuinfo `flags` on x86, `Features` on arm64), any one set of which makes XNNPACK select its
+# native f16 GEMM kernels: cpuinfo's x86 avx512fp16 (CPUID and OS state) and arm64 fp16arith (both hwcaps);
+# XNNPACK src/configs/hardware-config.c. XNNPACK has no API that reports its choice.
+NATIVE_FP16_FLAGS = ({"avx512_fp16"}, {"fphp", "asimdhp"})
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo text (default: this machine's; empty when unreadable)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def fp16_arithmetic(flags: set[str] | None = None, system: str | None = None, machine: str | None = None) -> str:
+    """The FP16_ARITHMETICS name for a CPU with these flags (default: this machine's). Apple's arm64
+    CPUs all have half arithmetic but no /proc/cpuinfo."""
+    system, machine = system or platform.system(), machine or platform.machine()
+    if system == "Darwin" and machine == "arm64":
+        return "native-fp16"
+    flags = cpu_flags() if flags is None else flags
+    return "native-fp16" if any(need <= flags for need in NATIVE_FP16_FLAGS) else "fp32-accumulate"
+
+
 def quiet_libraries() -> None:
     """Third-party warnings ignored (ours still shown) and the torch / torchao / ExecuTorch loggers
     at ERROR: the CLI without -v, and the lowering worker processes it starts."""

@@ -21,7 +21,8 @@ import torch
 
 from c2w_export.program.compare import compare
 from c2w_export.program.flows import FLOWS, RUN, FlowError, Lower, ModuleLoaded, SerializePt2
-from c2w_export.program.pipeline import QUALITY, build
+from c2w_export.env import FP16_ARITHMETICS
+from c2w_export.program.pipeline import NATIVE, QUALITY, build
 from c2w_export.program.precision import Half, PRECISIONS, Quantize, with_precision
 from c2w_export.program.runner import Dispatch
 from c2w_export.program.streaming import stream_check, stream_frames
@@ -64,18 +65,24 @@ def test_programs_pass_both_gates(reduced, name, variant, pramp, numerics_log):
     flow = with_precision(FLOWS[flow_name], precision)
     r = results[method_name(variant)]
     assert r.passed, r.failure()
-    assert list(r.stages) == [*flow.compared, QUALITY]
+    half = PRECISIONS[precision].half  # fp16: also judged with native fp16 arithmetic, on every CPU
+    assert list(r.stages) == [*flow.compared, QUALITY, *([NATIVE] if half else [])]
     own, quality = tolerance(flow_name, dtype), tolerance(QUALITY, dtype)
     k = flow.compared.index(PRECISIONS[precision].stage().name)
     assert {s: r.gate(s) for s in r.stages} == {**{s: FP32_GATE for s in flow.compared[:k]}, flow.compared[k]: quality,
-                                                 **{s: own for s in flow.compared[k + 1:]}, QUALITY: quality}
+                                                 **{s: own for s in flow.compared[k + 1:]}, QUALITY: quality,
+                                                 **({NATIVE: quality} if half else {})}
     assert r.own is not None
+    arithmetic = PRECISIONS[precision].arithmetic()  # every row of a reduced precision names it
+    if half:
+        numerics_log.append(numerics_row(f"{flow_name} {precision} quality [native-fp16, emulated]", variant, None,
+                                         r.stages[NATIVE], reference="fp32 eager decoder"))
     for c in pramp:
         side1 = cache.chunk_diff(flow_name, variant, c, precision)
         side2 = cache.chunk_diff(flow_name, variant, c, precision, quality=True)
-        numerics_log.append(numerics_row(f"{flow_name} {precision}", variant, c, side1, r.stages,
+        numerics_log.append(numerics_row(f"{flow_name} {precision} [{arithmetic}]", variant, c, side1, r.stages,
                                          reference=f"own {precision} eager"))
-        numerics_log.append(numerics_row(f"{flow_name} {precision} quality", variant, c, side2,
+        numerics_log.append(numerics_row(f"{flow_name} {precision} quality [{arithmetic}]", variant, c, side2,
                                          reference="fp32 eager decoder"))
         assert side1.within(own), f"{name} {variant} chunk {c} vs own: {side1.describe()}"
         assert side2.within(quality), f"{name} {variant} chunk {c} vs fp32: {side2.describe()}"
@@ -171,6 +178,8 @@ def test_side1_rejects_a_program_unlike_its_own_reference(decoder, ramp, context
     r = results[0]
     assert not r.passed
     assert not r.diff.within(r.gate(RUN)), r.diff.describe()
+    for arithmetic in FP16_ARITHMETICS:  # fails the side-1 gate of every CPU's arithmetic, whichever ran it
+        assert not r.diff.within(tolerance(flow_id, PRECISIONS[precision].key, arithmetic)), (arithmetic, r.diff.describe())
     assert f"diverged from its own {precision} eager reference" in r.failure()
     if flow_id == "torch_export":
         assert r.quality.within(r.gate(QUALITY)), f"1e-3 should hide under the quality floor: {r.quality.describe()}"
@@ -205,6 +214,22 @@ def test_side2_rejects_what_its_own_reference_cannot_see(decoder, ramp, context,
     assert r.diff.within(r.gate(RUN)), r.diff.describe()
     assert not r.quality.within(r.gate(QUALITY)) and not r.passed, r.quality.describe()
     assert f"stage '{QUALITY}' diverged from the float32 eager decoder" in r.failure()
+
+
+def test_native_quality_refuses_what_only_float32_accumulation_passes(decoder, context, tmp_path, monkeypatch):
+    """A program that passes on a CPU accumulating in float32 but would fail on a phone must not
+    ship: with a quality floor between the two arithmetics' measurements (40 dB: float32 accumulation
+    44-46, native fp16 35-37 on tiny), the build fails on NATIVE, on every CPU (it is an emulation),
+    whatever the program's own QUALITY row says on this one."""
+    from c2w_export.program import tolerances
+
+    monkeypatch.setitem(tolerances.TOLERANCES, (QUALITY, "float16"), tolerances.Tolerance(0.05, 40.0, "between the two"))
+    results, _ = build(decoder, with_precision(FLOWS["torch_export"], "fp16"), ["stateful"], 3, context, tmp_path)
+    r = results[0]
+    assert not r.stages[NATIVE].within(r.gate(NATIVE)) and not r.passed, r.stages[NATIVE].describe()
+    assert r.quality.within(r.gate(QUALITY)), r.quality.describe()  # torch_export: PyTorch's half kernels
+    assert f"stage '{NATIVE}' diverged from the float32 eager decoder (its own reference with native fp16 arithmetic, " \
+           "emulated)" in r.failure()
 
 
 PRECISION_ERRORS = [
@@ -253,15 +278,21 @@ def test_reduced_precision_ships_verifies_and_decodes(model_dir, decoder, tmp_pa
                 "--multi-method", "--bundle", "--precision", precision)  # the session's programs: the lowering cache
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     m = json.loads((arts / "manifest.json").read_text())
-    assert m["precision"] == {**PRECISIONS[precision].record(), "quality_gate": tolerance(QUALITY, key).to_json()}
+    arithmetic = PRECISIONS[precision].arithmetic()
+    assert m["precision"] == {**PRECISIONS[precision].record(), "quality_gate": tolerance(QUALITY, key).to_json(),
+                              "arithmetic": {"name": arithmetic, "what": FP16_ARITHMETICS.get(arithmetic, arithmetic)}}
     for p in m["programs"]:
         assert p["tolerance"] == tolerance("executorch_xnnpack", key).to_json()
         assert p["quality"]["snr_db"] >= tolerance(QUALITY, key).min_snr_db
+        assert ("native_fp16_emulated" in p["quality"]) == PRECISIONS[precision].half
     v = _cli("verify", "--artifacts", arts, "--json")
     assert v.returncode == 0, v.stdout[-4000:] + v.stderr[-2000:]
     rows = json.loads(v.stdout)["rows"]
     checks = [r["check"] for r in rows]
     assert checks.count("windows") == checks.count("quality") == checks.count("bundle") == 2
+    assert checks.count(NATIVE) == (2 if PRECISIONS[precision].half else 0)
+    assert [r["detail"].split(": ", 1)[1] for r in rows if r["check"] == "arithmetic"] == [
+        FP16_ARITHMETICS.get(arithmetic, arithmetic)]
     assert {r["target"].split(" ")[0] for r in rows if r["check"] == "stream"} >= {"stateful-own", "windowed-own"}
     prof = _cli("profile", "--artifacts", arts, "--runs", 1, "--json")
     assert prof.returncode == 0, prof.stderr[-2000:]

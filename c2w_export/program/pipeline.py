@@ -19,6 +19,7 @@ from torch import Tensor
 from ..model.decoder import Code2Wav
 from .compare import Diff, combine, compare
 from .flows import RUN, Flow, FlowError, Loaded, Work
+from .native_fp16 import emulated
 from .precision import PRECISIONS
 from .runner import Runner
 from .tolerances import Tolerance, tolerance
@@ -26,6 +27,9 @@ from .variants import MethodSpec, Stateful, Windowed, make_variant, parity_input
 
 RunFn = Callable[[str, Sequence[Tensor]], tuple[Tensor, ...]]
 QUALITY = "quality"  # reduced precision: the loaded program against the fp32 eager decoder (gate side 2)
+# fp16: its own reference run with native fp16 arithmetic (emulated, native_fp16.py) against the fp32 eager
+# decoder, at the same floor: the quality a phone gets, judged on every CPU
+NATIVE = "quality-native-fp16"
 
 
 class ParityError(RuntimeError):
@@ -193,6 +197,11 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], max_chunk: int
             if r.own is not None:
                 r.stages[QUALITY] = check_method(runner.run, refs[m], m, inputs[m], mods[m].initial_state())
                 r.gates[QUALITY], r.references[QUALITY] = tolerance(QUALITY, key), eager
+            if r.own is not None and PRECISIONS[flow.precision].half:
+                with heartbeat(progress, f"{flow.name} {m}: quality with native fp16 arithmetic (emulated)"):
+                    r.stages[NATIVE] = check_method(emulated(r.own), refs[m], m, inputs[m], mods[m].initial_state())
+                r.gates[NATIVE] = tolerance(QUALITY, key)
+                r.references[NATIVE] = f"{eager} (its own reference with native fp16 arithmetic, emulated)"
             r.path = work.paths.get(m)
             r.bytes = r.path.stat().st_size if r.path else 0
             r.seconds = {s: v / len(group) for s, v in seconds.items()}
@@ -202,6 +211,8 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], max_chunk: int
             results.append(r)
             status = "ok" if r.passed else "OVER TOLERANCE"
             quality = f", vs fp32 {r.quality.describe()}" if r.quality else ""
+            if NATIVE in r.stages:
+                quality += f", with native fp16 arithmetic (emulated) {r.stages[NATIVE].describe()}"
             stage_times = ", ".join(f"{s} {v:.1f}s" for s, v in seconds.items() if v >= 0.05)
             graph = f"{r.nodes} graph nodes" + (
                 f" ({r.delegation['partitions']} delegate partitions, {r.delegation['outside_ops']} ops outside, "

@@ -172,11 +172,20 @@ class Precision:
     after: str = ""  # the flow stage it follows
     what: str = ""  # what is reduced, for the manifest and reports
     parts: tuple[str, ...] = ()  # int8: QUANT_PARTS quantized
+    half: bool = False  # computes in float16: its XNNPACK side 1 depends on the CPU's fp16 arithmetic, and its
+    # quality is also judged with native fp16 arithmetic (native_fp16.py, pipeline.NATIVE)
 
     def record(self) -> dict:
         """What the manifest records about it."""
         extra = {"parts": {p: QUANT_PARTS[p][0] for p in self.parts}, "calibration": dict(CALIBRATION)} if self.parts else {}
         return {"name": self.name, "key": self.key, "what": self.what, **extra}
+
+    def arithmetic(self) -> str:
+        """The arithmetic this precision's XNNPACK kernels use on this CPU (env.FP16_ARITHMETICS; int8 and
+        fp32: their own, the same on every CPU)."""
+        from ..env import fp16_arithmetic
+
+        return fp16_arithmetic() if self.half else ("int8 integer kernels" if self.parts else "float32")
 
 
 def _int8(name: str, parts: tuple[str, ...]) -> Precision:
@@ -188,7 +197,8 @@ def _int8(name: str, parts: tuple[str, ...]) -> Precision:
 PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision("fp32", "float32", what="float32 weights and activations"),
     Precision("fp16", "float16", Half, "prepare",
-              "float16 weights and activations (RoPE frequencies float32); float32 inputs, outputs and state"),
+              "float16 weights and activations (RoPE frequencies float32); float32 inputs, outputs and state",
+              half=True),
     _int8("int8", ("convs", "linears")),
     _int8("int8-convs", ("convs",)),
     _int8("int8-linears", ("linears",)),

@@ -48,10 +48,10 @@ INT8_QUALITY = Tolerance(
 )
 INT8_EXPORT = Tolerance(1e-5, 95.0, "the re-exported quantized graph vs the converted module: the same PyTorch "
                                     "q/dq ops run both, measured 0 on tiny for every int8 precision")
-# (name, precision key) -> tolerance. A flow's name keys the gate its programs are held to against their
+# (name, precision key) -> tolerance, or {fp16 arithmetic: tolerance} where the CPU's arithmetic sets it. A flow's name keys the gate its programs are held to against their
 # reference (artifact flows: the fp32 eager decoder; the eager flow: the fp64 decode); the key is the
 # precision's (precision.PRECISIONS: "float32", "float16", "int8-tail", ...).
-TOLERANCES: dict[tuple[str, str], Tolerance] = {
+TOLERANCES: dict[tuple[str, str], Tolerance | dict[str, Tolerance]] = {
     ("reference", "float32"): Tolerance(
         1e-5, 95.0,
         "ours vs upstream qwen-tts on the same safetensors: measured 0 to 3.4e-6 (sdpa, real size); "
@@ -98,21 +98,33 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
     # against its own eager reference at that precision (exporter and runtime bugs). Side 2,
     # ("quality", key): the program against the fp32 eager decoder (the quality budget).
     ("quality", "float16"): Tolerance(
-        0.05, 38.0,
-        "fp16 weights and activations vs the fp32 eager decoder: measured 45.0-45.4 dB / 4.0e-3-5.8e-3 "
-        "eager and 44.9-45.4 dB lowered on tiny (XNNPACK, chunk 4, both variants); issue goal >= 40 dB",
+        0.05, 30.0,
+        "the fp16 product floor, held by the arithmetic phones use: native half-precision arithmetic measured "
+        "34.7-36.8 dB per call and 35.3-35.6 dB over streams on tiny (XNNPACK on an Intel Xeon with AVX512-FP16, "
+        "issue 31), and its eager emulation (native_fp16.py) 35.8-41.2 dB on AMD; float32 accumulation 44-46 dB. "
+        "Every fp16 program is also judged under that emulation (pipeline.NATIVE), so a CPU without half "
+        "arithmetic cannot pass what a phone would fail. A bfloat16 transform measures ~26 dB (test_precision)",
     ),
     ("torch_export", "float16"): Tolerance(
         1e-5, 95.0,
         "the exported fp16 graph vs the fp16 eager module: the same PyTorch half kernels run both, "
         "measured 0 on tiny",
     ),
-    ("executorch_xnnpack", "float16"): Tolerance(
-        0.05, 38.0,
-        "XNNPACK fp16 vs the fp16 eager module: measured 45.5-46.0 dB / 3.9e-3-4.4e-3 on tiny. PyTorch's CPU "
-        "half kernels accumulate in fp32 and round once per op, XNNPACK's f16 kernels round inside, so this "
-        "side is only as tight as fp16 rounding over ~40 layers: it catches a wrong op or weight, not a 1e-3 one",
-    ),
+    # Side 1 of XNNPACK fp16 depends on the CPU's arithmetic (env.FP16_ARITHMETICS): one entry for each.
+    ("executorch_xnnpack", "float16"): {
+        "fp32-accumulate": Tolerance(
+            0.05, 38.0,
+            "XNNPACK fp16 vs the fp16 eager module, both accumulating in float32: measured 45.5-46.0 dB / "
+            "3.9e-3-4.4e-3 on tiny (AMD EPYC, F16C). XNNPACK rounds inside ops where PyTorch rounds once per op, "
+            "so this side is only as tight as fp16 rounding over ~40 layers: it catches a wrong op or weight",
+        ),
+        "native-fp16": Tolerance(
+            0.05, 30.0,
+            "XNNPACK accumulating in fp16 vs the fp16 eager module (float32 accumulation): measured 34.7-36.8 dB / "
+            "1.2e-2 on tiny (Intel Xeon, AVX512-FP16, issue 31); the eager emulation of that arithmetic against "
+            "the same reference 35.8-40.8 dB (AMD). A doubled attention projection still fails it",
+        ),
+    },
     # int8: side 2 is the product floor; torch_export re-runs the same q/dq ops (INT8_QUALITY, INT8_EXPORT above)
     ("quality", "int8"): INT8_QUALITY,
     ("torch_export", "int8"): INT8_EXPORT,
@@ -148,22 +160,45 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
 # (pre-activation conv history); XNNPACK measured up to 8.7e-5 abs there. Measured on tiny: the
 # second chained vector fails at rtol 2e-5 and passes at 1e-4. The strict fp32 gate stays in
 # verify's own window and stream checks; this is the on-device self-check.
-# fp16 (vectors from the own fp16 eager reference, atol the XNNPACK fp16 gate's 0.05): conv history
-# of magnitude ~10 differs by up to 0.072 (~9 fp16 ulps), which needs rtol 7.6e-3 over tiny's
-# stateful chunks 1 and 2 (two chained vectors each); 0.02 gives 2.6x margin.
+# fp16 (vectors from the own fp16 eager reference, atol the XNNPACK fp16 gate's 0.05), per the CPU's arithmetic:
+# - fp32-accumulate: conv history of magnitude ~10 differs by up to 0.072 (~9 fp16 ulps), which needs rtol
+#   7.6e-3 over tiny's stateful chunks 1 and 2 (two chained vectors each); 0.02 gives 2.6x margin.
+# - native-fp16: fp16 accumulation moves the late conv histories (4-8 channels, magnitude ~10) by up to 0.24
+#   (~30 ulps), measured with the eager emulation (native_fp16.py) against the own reference over four chained
+#   stateful chunks on tiny (AMD): rtol 0.55 needed past the atol. 1.0 gives 1.8x margin; on such a CPU the
+#   bundle is a check of shapes, NaN and gross errors, and the gate is verify's windows and streams.
 # int8-tail (atol 0.05, its XNNPACK gate): the quantized tail's conv histories hold inputs its int8 convs
 # computed in this call (a 25-frame chunk fills them), ~1 requantization step off the converted
 # reference: up to 0.082 at magnitude ~11 on tiny (the wav: 9.7e-3), over the bundle's two chained
 # vectors (chunks 25 and 1; static chunks 1 and 2 kept them within 1.7e-5). Past the atol that needs
 # rtol 2.6e-2; 0.07 gives 2.7x margin.
-BUNDLE_STATE_RTOL: dict[str, float] = {"float32": 1e-4, "float16": 0.02, "int8-tail": 0.07}  # precision key -> rtol
+BUNDLE_STATE_RTOL: dict[str, float | dict[str, float]] = {  # precision key -> rtol, or {fp16 arithmetic: rtol}
+    "float32": 1e-4, "float16": {"fp32-accumulate": 0.02, "native-fp16": 1.0}, "int8-tail": 0.07}
+
+
+def bundle_state_rtol(key: str, arithmetic: str | None = None) -> float | None:
+    """BUNDLE_STATE_RTOL of precision `key` (for `arithmetic`, default this CPU's, where it has one per
+    arithmetic); None when unmeasured."""
+    entry = BUNDLE_STATE_RTOL.get(key)
+    if not isinstance(entry, dict):
+        return entry
+    from ..env import fp16_arithmetic
+
+    return entry[arithmetic or fp16_arithmetic()]
+
 
 PERTURBATION = 1e-3  # relative change of one weight that a gate must reject
 
 
-def tolerance(flow: str, key: str = "float32") -> Tolerance:
-    """The gate of `flow` (or another TOLERANCES name) for the precision key `key`."""
+def tolerance(flow: str, key: str = "float32", arithmetic: str | None = None) -> Tolerance:
+    """The gate of `flow` (or another TOLERANCES name) for the precision key `key`; where the table
+    has one per fp16 arithmetic, the one for `arithmetic` (default: this CPU's, env.fp16_arithmetic)."""
     try:
-        return TOLERANCES[(flow, key)]
+        entry = TOLERANCES[(flow, key)]
     except KeyError:
         raise KeyError(f"no tolerance for flow={flow!r} precision={key!r}; add one to c2w_export/program/tolerances.py") from None
+    if isinstance(entry, Tolerance):
+        return entry
+    from ..env import fp16_arithmetic
+
+    return entry[arithmetic or fp16_arithmetic()]

@@ -53,6 +53,8 @@ def measure(decoder: Code2Wav, precision: str, chunks: Sequence[int], frames: in
     worst = min(results, key=lambda r: (r.quality or r.diff).snr_db)
     return {
         "precision": precision, "what": get_precision(precision).what, "chunks": list(chunks),
+        "arithmetic": get_precision(precision).arithmetic(),
+        "native_snr_db": min(r.stages[NATIVE].snr_db for r in results) if NATIVE in results[0].stages else None,
         "bytes": results[0].bytes, "passed": all(r.passed for r in results),
         "own_snr_db": min(r.diff.snr_db for r in results) if results[0].own is not None else None,
         "quality_snr_db": (worst.quality or worst.diff).snr_db,
@@ -75,17 +77,21 @@ def table(rows: Sequence[dict], config: str, frames: int) -> str:
              "Quality is against the fp32 eager decoder: per call (the gate's side 2, worst method) and over the "
              "whole stream vs the offline decode. Own: the program against its own eager reference at that "
              "precision (side 1, worst method). Gates: the tolerance table's entries for the precision.", "",
-             "| precision | quantized | .pte MB | x fp32 bytes | own dB | quality dB | stream dB | RTF | first audio ms "
-             "| partitions | ops outside | gates |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Arithmetic: what the precision's XNNPACK kernels computed in on this CPU (fp16: env.FP16_ARITHMETICS). "
+             "Native fp16 dB: the own reference with native fp16 arithmetic (emulated, program/native_fp16.py) against "
+             "fp32, per call, worst method: what a phone gets.", "",
+             "| precision | quantized | arithmetic | .pte MB | x fp32 bytes | own dB | quality dB | native fp16 dB "
+             "| stream dB | RTF | first audio ms | partitions | ops outside | gates |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['precision']} | {r['what']} | - | - | - | - | - | - | - | - | - | not built: {r['error']} |")
+            lines.append(f"| {r['precision']} | {r['what']} | - | - | - | - | - | - | - | - | - | - | - | not built: {r['error']} |")
             continue
         ratio = f"{r['bytes'] / fp32:.2f}" if fp32 else "-"
         own = "-" if r["own_snr_db"] is None else f"{r['own_snr_db']:.1f}"
-        lines.append(f"| {r['precision']} | {r['what']} | {r['bytes'] / 1e6:.1f} | {ratio} | {own} | "
-                     f"{r['quality_snr_db']:.1f} | {r['stream_snr_db']:.1f} | {r['rtf']:.3f} | {r['first_audio_ms']:.1f} | "
+        native = "-" if r.get("native_snr_db") is None else f"{r['native_snr_db']:.1f}"
+        lines.append(f"| {r['precision']} | {r['what']} | {r.get('arithmetic', '-')} | {r['bytes'] / 1e6:.1f} | {ratio} | "
+                     f"{own} | {r['quality_snr_db']:.1f} | {native} | {r['stream_snr_db']:.1f} | {r['rtf']:.3f} | {r['first_audio_ms']:.1f} | "
                      f"{r['partitions']} | {r['outside_ops']} | {'pass' if r['passed'] else 'FAIL'} |")
     fails = [r for r in rows if "error" not in r and not r["passed"]]
     if fails:

@@ -10,11 +10,11 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..env import versions
+from ..env import FP16_ARITHMETICS, versions
 from ..fileio import atomic_write_bytes, read_json, sha256_file
 from ..model.decoder import Code2Wav
 from ..program.flows import Flow
-from ..program.pipeline import QUALITY, ProgramResult
+from ..program.pipeline import NATIVE, QUALITY, ProgramResult
 from ..program.precision import FP32, PRECISIONS, get_precision
 from ..program.streaming import StreamCheck, ramp_reason
 from ..program.tolerances import tolerance
@@ -89,7 +89,10 @@ def build(decoder: Code2Wav, model: str, flow: Flow, variants: Sequence[str], ra
             "verified": r.passed,  # export writes a manifest only when every program passed
             "tolerance": r.tolerance.to_json(),
             **({"quality": {"tolerance": r.gate(QUALITY).to_json(), "max_abs": r.quality.max_abs,
-                            "snr_db": r.quality.to_json()["snr_db"]}} if r.quality else {}),
+                            "snr_db": r.quality.to_json()["snr_db"],
+                            **({"native_fp16_emulated": {"max_abs": r.stages[NATIVE].max_abs,
+                                                         "snr_db": r.stages[NATIVE].to_json()["snr_db"]}}
+                               if NATIVE in r.stages else {})}} if r.quality else {}),
             "graph": {"nodes": r.nodes, **({"delegation": r.delegation} if r.delegation else {})},
             "parity": {"max_abs": d.max_abs, "snr_db": d.to_json()["snr_db"], "windows": r.windows, "streams": 1,
                        "stream_max_abs": max(s.diff.max_abs for s in streams if s.name.startswith(r.spec.variant)),
@@ -112,9 +115,14 @@ def build(decoder: Code2Wav, model: str, flow: Flow, variants: Sequence[str], ra
 
 
 def precision_record(name: str) -> dict:
-    """The manifest's `precision`: its name, what is reduced, and the quality gate it was held to."""
+    """The manifest's `precision`: its name, what is reduced, the quality gate it was held to, and
+    (reduced) the arithmetic its XNNPACK kernels used on the exporting CPU."""
     p = get_precision(name)
-    return {**p.record(), **({} if name == FP32 else {"quality_gate": tolerance(QUALITY, p.key).to_json()})}
+    if name == FP32:
+        return p.record()
+    arithmetic = p.arithmetic()
+    return {**p.record(), "quality_gate": tolerance(QUALITY, p.key).to_json(),
+            "arithmetic": {"name": arithmetic, "what": FP16_ARITHMETICS.get(arithmetic, arithmetic)}}
 
 
 def precision_of(manifest: dict) -> str:

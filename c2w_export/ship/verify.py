@@ -15,11 +15,13 @@ from ..fileio import sha256_file
 from ..model.checkpoint import load_decoder
 from ..program.compare import Diff
 from ..program.flows import ModuleLoaded, get_flow
-from ..program.pipeline import QUALITY, check_method, parity_inputs
+from ..env import FP16_ARITHMETICS, cpu_name
+from ..program.native_fp16 import emulated
+from ..program.pipeline import NATIVE, QUALITY, check_method, parity_inputs
 from ..program.precision import get_precision, own_references, with_precision
 from ..program.streaming import stream_check, stream_frames
 from ..program.runner import Dispatch
-from ..program.tolerances import BUNDLE_STATE_RTOL, Tolerance, tolerance
+from ..program.tolerances import Tolerance, bundle_state_rtol, tolerance
 from ..program.variants import make_variant
 from . import manifest as mf
 from .artifacts import Artifacts, open_artifacts
@@ -48,12 +50,13 @@ class Report:
     exit_code: int = EXIT_OK
 
     def table(self) -> str:
-        lines = [f"{'check':<10} {'target':<26} {'max_abs':>10} {'SNR dB':>8} {'tol':>9}  result"]
+        w = max([10, *(len(r.check) for r in self.rows)])
+        lines = [f"{'check':<{w}} {'target':<26} {'max_abs':>10} {'SNR dB':>8} {'tol':>9}  result"]
         for r in self.rows:
             ma = f"{r.diff.max_abs:.3g}" if r.diff else "-"
             snr = ("inf" if r.diff.snr_db == float("inf") else f"{r.diff.snr_db:.1f}") if r.diff else "-"
             tol = f"{r.tolerance.max_abs:g}" if r.tolerance else "-"
-            lines.append(f"{r.check:<10} {r.target:<26} {ma:>10} {snr:>8} {tol:>9}  {'PASS' if r.passed else 'FAIL'}"
+            lines.append(f"{r.check:<{w}} {r.target:<26} {ma:>10} {snr:>8} {tol:>9}  {'PASS' if r.passed else 'FAIL'}"
                          + (f"  {r.detail}" if r.detail else ""))
         return "\n".join(lines)
 
@@ -86,6 +89,10 @@ def verify(artifacts_dir: str | Path, model: str | None = None, windows: int = 3
         with_precision(get_flow(backend), precision.name)  # a FlowError naming it when this pair has no gate
     reduced = precision.stage is not None
     quality = tolerance(QUALITY, precision.key) if reduced else None
+    if reduced:  # side 1 of a half precision is gated for this CPU's arithmetic: name it
+        arithmetic = precision.arithmetic()
+        report.rows.append(Row("arithmetic", precision.name, None, None, True,
+                               f"{cpu_name()}: {FP16_ARITHMETICS.get(arithmetic, arithmetic)}"))
     own = own_references(decoder, precision.name, art.specs) if reduced else {}  # rebuilt, never read from disk
     for method, spec in art.specs.items():
         entry = by_method[method]
@@ -108,6 +115,12 @@ def verify(artifacts_dir: str | Path, model: str | None = None, windows: int = 3
         d = check_method(programs.run, module, method, calls)
         report.rows.append(Row(name, method, d, tol, d.within(tol), f"{windows} window(s)" if d.within(tol) else
                                f"{entry['backend']} {method} over tolerance: {d.describe()}"))
+        if precision.half:  # the quality a phone gets, on every CPU: the own reference with native fp16 arithmetic
+            d = check_method(emulated(own[method]), module, method, calls)
+            report.rows.append(Row(NATIVE, method, d, quality, d.within(quality),
+                                   f"{windows} window(s), own reference with native fp16 arithmetic (emulated)"
+                                   if d.within(quality) else f"{method} with native fp16 arithmetic (emulated, as "
+                                   f"phones compute) over the quality floor: {d.describe()}"))
     ramp, context, variants = m["decode"]["ramp"], m["decode"]["context_frames"], m["decode"]["variants"]
     frames = stream_frames(ramp, 5, context if "windowed" in variants else 0)
     gate = tolerance(m["programs"][0]["backend"], precision.key)
@@ -148,7 +161,7 @@ def verify_bundles(art: Artifacts) -> list[Row]:
         from executorch.extension.pybindings import portable_lib
 
         atol = tolerance(p["backend"], key).max_abs
-        rtol = BUNDLE_STATE_RTOL.get(key) if p["variant"] == "stateful" else 0.0
+        rtol = bundle_state_rtol(key) if p["variant"] == "stateful" else 0.0
         if rtol is None:
             rows.append(Row("bundle", p["method"], None, None, False,
                             f"no measured state tolerance for bundles of {key} programs"))
