@@ -19,7 +19,7 @@ from helpers import cases
 
 def _export(decoder, variant, max_chunk, seed=0):
     m = make_variant(decoder, variant, max_chunk, 72)
-    return m.method, export_variant(m, example_inputs(m, seed=seed), m)
+    return m.method, export_variant(m, example_inputs(m, seed=seed))
 
 
 @pytest.fixture(scope="module")
@@ -290,4 +290,4 @@ def test_export_refuses_a_chunk_range_a_guard_narrowed(prepared):
     m = Narrowed(prepared, 4).eval()
     with pytest.raises(ValueError, match=r"^torch.export narrowed the codes' frame axis of stateful to 3\.\.4 \(wanted "
                                          r"1\.\.4: chunks 1\.\.4\)"):
-        export_variant(m, example_inputs(m), m)
+        export_variant(m, example_inputs(m))

@@ -96,7 +96,7 @@ def test_no_delegate_holds_most_of_the_weights(decoder, monkeypatch, capped):
     if not capped:
         monkeypatch.setitem(lowering.PARTITIONERS, "xnnpack", _plain_xnnpack)
     m = make_variant(prepare(decoder), "stateful", 25, 72)
-    ep = export_variant(m, example_inputs(m), m)
+    ep = export_variant(m, example_inputs(m))
     # capped: the session's own program (from the lowering cache once lowered); plain: never cached
     # (its key would be the capped one's)
     lower = lowering.lower_methods if capped else lowering.lower_together

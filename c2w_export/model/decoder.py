@@ -304,15 +304,14 @@ class Code2Wav(nn.Module):
     def _stack_reaches(self) -> list[Fraction]:
         """Per layer of `_stack()`: the code frames of history its output reaches back through the
         layer's causal convs' histories and transposed convs' overlaps, each at its own rate (exact)."""
-        rate, out = 1, []  # samples per code frame at this point of the stack
-        for layer in self._stack():
+        out = []
+        for layer, rate in zip(self._stack(), self._stack_rates()):  # rate: samples per code frame here
             reach = Fraction(0)
             for m in layer.modules():
-                if isinstance(m, CausalConvTranspose1d):
+                if isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
                     reach += Fraction(m.pad, rate)  # input frames its history reaches back
+                if isinstance(m, CausalConvTranspose1d):
                     rate *= m.conv.stride[0]
-                elif isinstance(m, CausalConv1d):
-                    reach += Fraction(m.pad, rate)
             out.append(reach)
         return out
 

@@ -192,7 +192,7 @@ class Export(Stage):
         out = {}
         for method, module in modules.items():
             try:
-                out[method] = export_variant(module, work.inputs[method], module)  # one method, every chunk size
+                out[method] = export_variant(module, work.inputs[method])  # one method, every chunk size
                 work.nodes[method] = sum(n.op == "call_function" for n in out[method].graph.nodes)
             except Exception as e:
                 raise FlowError(f"stage 'export' failed for method {method}: {type(e).__name__}: {e}") from e
@@ -228,29 +228,25 @@ def delegation(graph) -> dict:
     between two delegate calls (`between_ops`: fed by one, feeding another, so they split the
     graph: a delegated-whole program has none; the others prepare the inputs or copy the state
     out), and how many size computations of a dynamic chunk run between kernels (`shape_ops`)."""
-    partitions, outside, shape = 0, {}, 0
+    calls = [n for n in graph.nodes if n.op == "call_function"]
+    ops = {n: op_name(n) for n in calls}  # named once: delegation walks each node's inputs and users
+    delegate = {n for n, op in ops.items() if op == "executorch_call_delegate"}
+    partitions, outside, shape = len(delegate), {}, 0
     after: set = set()  # nodes that depend on a delegate's output
     tensor_ops = []
-    for n in graph.nodes:
-        if n.op != "call_function":
-            continue
-        if any(a in after or (a.op == "call_function" and op_name(a) == "executorch_call_delegate")
-               for a in n.all_input_nodes):
+    for n in calls:
+        if any(a in after or a in delegate for a in n.all_input_nodes):
             after.add(n)
-        if n.target is operator.getitem:
-            continue
-        op = op_name(n)
-        if op == "executorch_call_delegate":
-            partitions += 1
+        if n.target is operator.getitem or n in delegate:
             continue
         if is_shape_op(n):
             shape += 1
             continue
-        outside[op] = outside.get(op, 0) + 1
+        outside[ops[n]] = outside.get(ops[n], 0) + 1
         tensor_ops.append(n)
     before: set = set()  # nodes a delegate depends on
     for n in reversed(list(graph.nodes)):
-        if any(u in before or (u.op == "call_function" and op_name(u) == "executorch_call_delegate") for u in n.users):
+        if any(u in before or u in delegate for u in n.users):
             before.add(n)
     between = sum(n in after and n in before for n in tensor_ops)
     return {"partitions": partitions, "outside_ops": sum(outside.values()), "between_ops": between, "shape_ops": shape,

@@ -247,6 +247,6 @@ def own_references(decoder: Code2Wav, name: str, specs) -> dict:
     for m, s in specs.items():  # int8: quantized from the prepared variant, as the Quantize stage does
         module = make_variant(prepared, s.variant, s.max_chunk, s.context)
         example = parity_inputs(module, 1, 0)[0] + module.initial_state()
-        graph = export_variant(module, example, module).module(check_guards=False)
+        graph = export_variant(module, example).module(check_guards=False)
         out[m] = OwnModule(quantize(graph, module, p.parts), module.initial_state)
     return out

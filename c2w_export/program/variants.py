@@ -232,15 +232,16 @@ def make_variant(decoder: Code2Wav, variant: str, max_chunk: int, context: int) 
     raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
 
 
-def export_variant(module: nn.Module, inputs: tuple, variant: Windowed | Stateful):
-    """torch.export of `module` (the variant or a graph of it, e.g. PT2E-converted) with the chunk
-    axis dynamic (`variant.dynamic_shapes()`). Where a call may take 1 frame (stateful), sizes are
+def export_variant(module: nn.Module, inputs: tuple, variant: Windowed | Stateful | None = None):
+    """torch.export of `module` (a variant, or a graph of `variant`, e.g. PT2E-converted) with the
+    chunk axis dynamic (`variant.dynamic_shapes()`). Where a call may take 1 frame (stateful), sizes are
     traced size-obliviously: by default a dim of size 1 is specialized away (the range would start
     at 2); the gate then checks chunk 1 against eager like every other size. Raises ValueError when
     export pinned the chunk axis to one size anyway (a conv's guard Ne(t, 1) does, for a range of
     1..2)."""
     import torch.fx.experimental._config as fx_config
 
+    variant = variant if variant is not None else module
     shapes = variant.dynamic_shapes(flat=not isinstance(module, _Variant))
     with torch.no_grad(), fx_config.patch(backed_size_oblivious=variant.context == 0):
         ep = torch.export.export(module, tuple(inputs), strict=False, dynamic_shapes=shapes)

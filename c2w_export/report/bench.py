@@ -25,6 +25,54 @@ def _calls(raw: dict) -> list[dict]:
     return rows
 
 
+# the dynamic-chunk programs' goals (issue 30) this bench measures: (what, goal, the config it is set for)
+GOALS = {
+    "methods": ("methods per (variant, precision)", "1, any chunk 1..25", None),
+    "lower": ("lowering one XNNPACK variant", "<= 40 s", "tiny"),
+    "delegation": ("partitions / ops outside per XNNPACK method", "<= 3 / <= 30", None),
+    "static": ("dynamic / static call, chunks 1, 2, 25", "within 5% (0.95-1.05)", "real"),
+    "memory": ("load peak / running peak vs the file", "<= 1.4x / <= 1.35x", "real"),
+    "cold": ("first chunk after load / warm call", "<= 1.2x", "real"),
+}
+
+
+def _goals(extra: dict) -> list[str]:
+    """The goal table of the dynamic-chunk programs, from this run's fields: one row per goal and
+    XNNPACK variant, with whether it is met ("-" where this run did not measure it)."""
+    progs = {p["variant"]: p for p in extra.get("programs", []) if p["flow"] == "executorch_xnnpack"}
+    rss = {r["variant"]: r for r in extra.get("rss", []) if r["flow"] == "executorch_xnnpack"}
+    static = {}
+    for r in extra.get("static_vs_dynamic", []):
+        static.setdefault(r["variant"], []).append(r["dynamic_ms"] / r["static_ms"])
+    rows = []
+    for v in sorted(set(progs) | set(rss) | set(static)):
+        p, m = progs.get(v, {}), rss.get(v)
+        d = p.get("delegation") or {}
+        x = (lambda kb: (kb - m["base_kb"]) * 1024 / m["file_bytes"]) if m else None
+        measured = {
+            "methods": (f"1 ({p['method']}, chunks {p['chunk']})", True) if p else None,
+            "lower": (f"{p['lower_s']:.1f} s", p["lower_s"] <= 40) if "lower_s" in p else None,
+            "delegation": (f"{d['partitions']} / {d['outside_ops']}", d["partitions"] <= 3 and d["outside_ops"] <= 30) if d else None,
+            "static": (", ".join(f"{r:.2f}" for r in static[v]), all(0.95 <= r <= 1.05 for r in static[v])) if v in static else None,
+            "memory": (f"{x(m['load_peak_kb']):.2f}x / {x(m['run_peak_kb']):.2f}x",
+                       x(m["load_peak_kb"]) <= 1.4 and x(m["run_peak_kb"]) <= 1.35) if m else None,
+            "cold": (f"{m['first_call_s'] / m['warm_call_s']:.2f}x", m["first_call_s"] / m["warm_call_s"] <= 1.2)
+            if m and "warm_call_s" in m else None,
+        }
+        for key, (what, goal, config) in GOALS.items():
+            if config not in (None, extra.get("config")):
+                continue
+            got = measured[key]
+            rows.append(f"| {what} | {v} | {goal} | {got[0] if got else '-'} | "
+                        f"{('yes' if got[1] else 'no') if got else 'not measured in this run'} |")
+    if not rows:
+        return []
+    return ["", "## Goals of the dynamic-chunk programs (XNNPACK)", "",
+            "From this run's rows above and below. Memory: the fresh-process measurement of each program at its "
+            "largest chunk; first chunk: the first call after the warm-up call that load makes.", "",
+            "| goal | variant | target | measured | met |", "|---|---|---|---|---|", *rows]
+
+
 def build_report(raw: dict, extra: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     calls = _calls(raw)
@@ -75,6 +123,7 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
         for r in sorted(static, key=lambda r: (r["variant"], r["chunk"])):
             lines.append(f"| {r['variant']} | {r['chunk']} | {r['dynamic_ms']:.2f} | {r['static_ms']:.2f} | "
                          f"{r['dynamic_ms'] / r['static_ms']:.2f} | {r['max_abs_between']:.3g} | {r['static_lower_s']:.1f} |")
+    lines += _goals(extra)
     lines += ["", "## Streams (20 s of audio, ramp schedule)", "",
               "Playback: a player that starts with the first chunk and plays 24 kHz in real time, the calls "
               "running back to back (program/playback.py): underruns, total stall, and the start-up buffer "
@@ -117,18 +166,23 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
               "Base: RSS with torch and the flow's runtime imported. Load: opening the file and loading the method "
               "(cold start; XNNPACK packs the weights); its peak is the kernel's VmHWM. After load: what stays, "
               "anonymous (private: packed weights, buffers) + file-backed (mapped files: the libraries, the artifact). Running: "
-              "VmHWM over 4 calls, reset after loading. \"x file\": (peak - base) / the artifact's size (nearly all "
-              "weights). First call: the first call after loading.", "",
+              "VmHWM over 5 calls, reset after loading. \"x file\": (peak - base) / the artifact's size (nearly all "
+              "weights). Warm-up: the first call after loading, which `decode` and `open_stream` make before a stream "
+              "(Dispatch.preload). First call: the next one, the stream's first chunk. Warm: the median of the 3 after it. "
+              "All calls at the same chunk.", "",
               "| flow | variant | chunk | file MiB | base RSS MiB | load peak MiB | x file | after load MiB (anon + file) "
-              "| running peak MiB | x file | load ms | first call ms |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| running peak MiB | x file | load ms | warm-up ms | first call ms | warm ms | first / warm |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(extra.get("rss", []), key=lambda r: (r["flow"], r["variant"])):
         mb = lambda kb: f"{kb / 1024:.0f}"
         scale = lambda kb: f"{(kb - r['base_kb']) * 1024 / r['file_bytes']:.2f}"
         lines.append(f"| {r['flow']} | {r['variant']} | {r['chunk']} | {r['file_bytes'] / 2**20:.1f} | {mb(r['base_kb'])} | "
                      f"{mb(r['load_peak_kb'])} | {scale(r['load_peak_kb'])} | {mb(r['load_kb'])} ({mb(r['load_anon_kb'])} + "
                      f"{mb(r['load_file_kb'])}) | {mb(r['run_peak_kb'])} | {scale(r['run_peak_kb'])} | "
-                     f"{r['load_s'] * 1e3:.1f} | {r['first_call_s'] * 1e3:.1f} |")
+                     f"{r['load_s'] * 1e3:.1f} | " + (
+                         f"{r['warm_up_s'] * 1e3:.1f} | {r['first_call_s'] * 1e3:.1f} | {r['warm_call_s'] * 1e3:.1f} | "
+                         f"{r['first_call_s'] / r['warm_call_s']:.2f} |" if "warm_up_s" in r else
+                         f"- | {r['first_call_s'] * 1e3:.1f} | - | - |"))
     lines += ["", "## Where the time goes (ETDump, per method call)", "",
               "From the runtime's own trace (`c2w-export profile` prints the full table for shipped artifacts): the "
               "method's total, the time inside the delegate and in portable kernels outside it (op calls in "

@@ -58,7 +58,9 @@ def phases(load: Callable[[], object], run: Callable[[], object]) -> dict:
 
 def main(argv: list[str]) -> None:
     """FLOW PTE METHOD INPUTS.pt: print one JSON line of phases() for loading METHOD and calling it
-    4 times, plus the first call's seconds. The base includes the flow's runtime, imported first."""
+    5 times, plus the seconds of the warm-up call (the first: what `Dispatch.preload(warm=True)` runs
+    before a stream), of the first call after it, and the median of the 3 after that (warm). The base
+    includes the flow's runtime, imported first."""
     import torch
 
     from ..program.flows import get_flow, runtime
@@ -67,20 +69,20 @@ def main(argv: list[str]) -> None:
     inputs = torch.load(inputs_path)
     if flow.startswith("executorch"):
         runtime()  # the runtime's libraries belong to the base, not to the artifact
-    holder, first = {}, []
+    holder, calls = {}, []
 
     def load():
         holder["loaded"] = get_flow(flow).open({method: Path(path)})
         holder["loaded"].preload([method])
 
     def run():
-        for i in range(4):
+        for _ in range(5):
             t = time.perf_counter()
             holder["loaded"].run(method, inputs)
-            if i == 0:
-                first.append(time.perf_counter() - t)
+            calls.append(time.perf_counter() - t)
 
-    print(json.dumps({**phases(load, run), "first_call_s": first[0]}))
+    measured = phases(load, run)
+    print(json.dumps({**measured, "warm_up_s": calls[0], "first_call_s": calls[1], "warm_call_s": sorted(calls[2:])[1]}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,38 @@
+"""The bench report's goal table (report/bench.py): each goal judged from the run's own fields, and
+a goal this run did not measure said as such, never passed."""
+
+from c2w_export.report.bench import _goals
+
+
+def _extra(config, **over):
+    extra = {"config": config,
+             "programs": [{"flow": "executorch_xnnpack", "variant": "stateful", "method": "stateful", "chunk": "1..25",
+                           "lower_s": 35.0, "delegation": {"partitions": 2, "outside_ops": 31}}],
+             "rss": [{"flow": "executorch_xnnpack", "variant": "stateful", "base_kb": 1000, "file_bytes": 1024 * 1000,
+                      "load_peak_kb": 2400, "run_peak_kb": 2300, "first_call_s": 1.1, "warm_call_s": 1.0}],
+             "static_vs_dynamic": [{"variant": "stateful", "chunk": c, "dynamic_ms": d, "static_ms": 1.0}
+                                   for c, d in ((1, 1.04), (2, 0.96), (25, 1.0))]}
+    return {**extra, **over}
+
+
+def _verdicts(lines):
+    return {row.split(" | ")[0].lstrip("| "): row.rstrip(" |").rsplit(" | ", 1)[1] for row in lines if row.startswith("| ") and "stateful" in row}
+
+
+def test_goal_table_judges_each_goal_from_the_run():
+    real = _verdicts(_goals(_extra("real")))
+    assert real == {"methods per (variant, precision)": "yes", "partitions / ops outside per XNNPACK method": "no",
+                    "dynamic / static call, chunks 1, 2, 25": "yes", "load peak / running peak vs the file": "yes",
+                    "first chunk after load / warm call": "yes"}
+    tiny = _verdicts(_goals(_extra("tiny")))  # the lowering goal is set for tiny, the memory and speed ones for real
+    assert tiny == {"methods per (variant, precision)": "yes", "lowering one XNNPACK variant": "yes",
+                    "partitions / ops outside per XNNPACK method": "no"}
+
+
+def test_a_goal_the_run_did_not_measure_is_not_passed():
+    extra = _extra("real")
+    extra["rss"][0] = {k: v for k, v in extra["rss"][0].items() if k != "warm_call_s"}  # an older memory.py
+    extra["static_vs_dynamic"] = [{**r, "dynamic_ms": 1.2} for r in extra["static_vs_dynamic"]]
+    got = _verdicts(_goals(extra))
+    assert got["first chunk after load / warm call"] == "not measured in this run"
+    assert got["dynamic / static call, chunks 1, 2, 25"] == "no"
