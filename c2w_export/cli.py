@@ -17,8 +17,24 @@ EXIT_USAGE = 2
 DEMO_FRAMES = 120  # 9.6 s of audio
 
 
+class _Version(argparse.Action):
+    """--version: the versions a manifest records (env.versions), and this CPU's fp16 arithmetic."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="print the versions a manifest records and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .env import cpu_name, fp16_arithmetic, versions
+
+        v = versions()
+        print(f"c2w-export {v['c2w_export']} (torch {v['torch']}, executorch {v['executorch']}, Python {v['python']}; "
+              f"{cpu_name()}: fp16 arithmetic {fp16_arithmetic()})")
+        parser.exit(0)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="c2w-export", description=__doc__)
+    p.add_argument("--version", action=_Version)
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also show third-party warnings and logs (torch, torchao, ExecuTorch)")
     sub = p.add_subparsers(dest="command", required=True)

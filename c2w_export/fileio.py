@@ -29,10 +29,18 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda f: f.write(data))
 
 
-def read_json(path: Path, error: type[Exception]):
-    """Parse a JSON file; malformed content raises `error` naming the file."""
+def _no_constant(name: str):
+    raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
+
+
+def read_json(path: Path, error: type[Exception], max_bytes: int | None = None):
+    """Parse a JSON file; malformed content (NaN and Infinity too: not JSON) raises `error` naming
+    the file, and so does a file over `max_bytes`, before it is read."""
+    path = Path(path)
+    if max_bytes is not None and path.stat().st_size > max_bytes:
+        raise error(f"{path}: {path.stat().st_size} bytes, over the {max_bytes}-byte limit for this file")
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(path.read_text(), parse_constant=_no_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise error(f"{path}: not valid JSON ({e})") from None
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from helpers import ALL_FLOWS, PRECISION_FLOWS, ProgramCache, built_once, selected_flows
+from helpers import ALL_FLOWS, PRECISION_FLOWS, RAMP, ProgramCache, built_once, c2w, selected_flows
 
 settings.register_profile("dev", max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True, print_blob=True,
@@ -314,3 +314,36 @@ def pytest_sessionfinish(session, exitstatus):
     if session.config.getoption("--save-baseline"):
         pr.save_baseline(ROWS, baseline_path)
         say(f"wrote {baseline_path.relative_to(REPORTS.parent)}: review its diff like code")
+
+
+# ---------------------------------------------------------------- shipped artifacts (test_cli, test_contract)
+@pytest.fixture(scope="session")
+def artifacts(model_dir, tmp_path_factory):
+    """torch_export artifacts, both variants, chunks 1..4, ramp 2 4: built once by the CLI."""
+    def build(out):
+        from c2w_export import cli
+
+        rc = cli.main(["export", "--model", model_dir, "--out-dir", str(out / "pt2"), "--ramp", *RAMP, "--max-chunk", "4",
+                       "--backend", "torch_export", "--variant", "both"])
+        assert rc == 0
+    return built_once(tmp_path_factory, "artifacts-pt2", build) / "pt2"
+
+
+@pytest.fixture(scope="session")
+def et_artifacts(model_dir, tmp_path_factory):
+    """XNNPACK, one multi-method .pte holding both variants (chunks 1..25), with bundled vectors."""
+    def build(out):
+        rc, so, se = c2w("export", "--model", model_dir, "--out-dir", out / "pte", "--ramp", "2", "--variant", "both",
+                         "--multi-method", "--bundle")
+        assert rc == 0, se
+        assert "[1/2] executorch_xnnpack windowed (chunks 1..25)" in so and " MB, " in so, so  # progress per program
+    return built_once(tmp_path_factory, "artifacts-pte", build) / "pte"
+
+
+@pytest.fixture
+def copy_of(tmp_path):
+    def make(src):
+        dst = tmp_path / src.name
+        shutil.copytree(src, dst)
+        return dst
+    return make

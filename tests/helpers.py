@@ -57,6 +57,44 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
     return out
 
 
+def cli_in_process(argv: list[str]) -> tuple[int, str, str]:
+    """The CLI's main() in this process -> (returncode, stdout, stderr); a crash is printed to
+    stderr as a subprocess would show it (a traceback), with returncode 1."""
+    import contextlib
+    import io
+    import traceback
+
+    from c2w_export import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = cli.main(argv)
+        except SystemExit as e:  # argparse usage errors
+            rc = e.code if isinstance(e.code, int) else 2
+        except Exception:
+            traceback.print_exc()
+            rc = 1
+    return rc, out.getvalue(), err.getvalue()
+
+
+def c2w(*args, timeout=900):
+    """Run the real console entry in a subprocess; returns (returncode, stdout, stderr).
+    Under `tox -e mutation` (C2W_CLI_IN_PROCESS) it runs in this process instead, so mutmut sees
+    which code each test reaches and the mutant under test is the one that runs."""
+    import subprocess
+    import sys
+
+    if os.environ.get("C2W_CLI_IN_PROCESS"):
+        return cli_in_process([str(a) for a in args])
+    p = subprocess.run([sys.executable, "-m", "c2w_export", *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    return p.returncode, p.stdout, p.stderr
+
+
+RAMP = ["2", "4"]  # the CLI artifacts' decode ramp (conftest: artifacts)
+
+
 def manifest_edit(edit):
     """A function of an artifacts directory that applies `edit(manifest dict)` to its manifest.json
     (the manifest is not hashed, so tests edit it as an attacker or a broken tool would)."""

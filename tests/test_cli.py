@@ -15,67 +15,7 @@ import torch
 
 from c2w_export import cli
 from c2w_export.ship import manifest as mf
-from helpers import built_once, cases, manifest_edit
-
-RAMP = ["2", "4"]
-
-
-def c2w(*args, timeout=900):
-    """Run the real console entry in a subprocess; returns (returncode, stdout, stderr).
-    Under `tox -e mutation` (C2W_CLI_IN_PROCESS) it runs in this process instead, so mutmut sees
-    which code each test reaches and the mutant under test is the one that runs."""
-    if os.environ.get("C2W_CLI_IN_PROCESS"):
-        return _in_process([str(a) for a in args])
-    p = subprocess.run([sys.executable, "-m", "c2w_export", *map(str, args)], capture_output=True, text=True,
-                       timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    return p.returncode, p.stdout, p.stderr
-
-
-def _in_process(argv):
-    import contextlib
-    import io
-    import traceback
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = cli.main(argv)
-        except SystemExit as e:  # argparse usage errors
-            rc = e.code if isinstance(e.code, int) else 2
-        except Exception:  # what a subprocess would show as a crash
-            traceback.print_exc()
-            rc = 1
-    return rc, out.getvalue(), err.getvalue()
-
-
-@pytest.fixture(scope="session")
-def artifacts(model_dir, tmp_path_factory):
-    """torch_export artifacts, both variants, chunks 1..4, ramp 2 4: built once by the CLI."""
-    def build(out):
-        rc = cli.main(["export", "--model", model_dir, "--out-dir", str(out / "pt2"), "--ramp", *RAMP, "--max-chunk", "4",
-                       "--backend", "torch_export", "--variant", "both"])
-        assert rc == 0
-    return built_once(tmp_path_factory, "artifacts-pt2", build) / "pt2"
-
-
-@pytest.fixture(scope="session")
-def et_artifacts(model_dir, tmp_path_factory):
-    """XNNPACK, one multi-method .pte holding both variants (chunks 1..25), with bundled vectors."""
-    def build(out):
-        rc, so, se = c2w("export", "--model", model_dir, "--out-dir", out / "pte", "--ramp", "2", "--variant", "both",
-                         "--multi-method", "--bundle")
-        assert rc == 0, se
-        assert "[1/2] executorch_xnnpack windowed (chunks 1..25)" in so and " MB, " in so, so  # progress per program
-    return built_once(tmp_path_factory, "artifacts-pte", build) / "pte"
-
-
-@pytest.fixture
-def copy_of(tmp_path):
-    def make(src):
-        dst = tmp_path / src.name
-        shutil.copytree(src, dst)
-        return dst
-    return make
+from helpers import RAMP, c2w, cases, manifest_edit
 
 
 # ---------------------------------------------------------------- the happy path
@@ -337,13 +277,13 @@ BAD_ARTIFACTS = [
     ("truncated-pte", lambda r: _truncate(r / "code2wav.pte"), "truncated or replaced"),
     ("flipped-byte", lambda r: _flip(r / "code2wav.pte"), "sha256 mismatch"),
     ("missing-file", lambda r: (r / "code2wav.pte").unlink(), "missing artifact file code2wav.pte"),
-    ("missing-field", manifest_edit(lambda m: m["decode"].pop("hop")), "missing required field 'hop'"),
-    ("wrong-type", manifest_edit(lambda m: m["programs"][0].__setitem__("max_chunk", "2")), "max_chunk must be int"),
+    ("missing-field", manifest_edit(lambda m: m["decode"].pop("hop")), "manifest.json: $.decode: 'hop' is a required property"),
+    ("wrong-type", manifest_edit(lambda m: m["programs"][0].__setitem__("max_chunk", "2")), "$.programs[0].max_chunk: '2' is not of type 'integer'"),
     ("format-version", manifest_edit(lambda m: m.__setitem__("format_version", 4)), "unknown format_version 4"),
     ("v1-manifest", manifest_edit(lambda m: m.__setitem__("format_version", 1)), "re-export"),
     ("v2-manifest", manifest_edit(lambda m: m.__setitem__("format_version", 2)),
      "v2 holds one method per chunk size, this c2w-export one per variant for every size: re-export"),
-    ("no-ramp-reason", manifest_edit(lambda m: m["decode"].pop("ramp_reason")), "missing required field 'ramp_reason'"),
+    ("no-ramp-reason", manifest_edit(lambda m: m["decode"].pop("ramp_reason")), "$.decode: 'ramp_reason' is a required property"),
     ("no-manifest", lambda r: (r / "manifest.json").unlink(), "no manifest.json"),
     ("not-json", lambda r: (r / "manifest.json").write_text("{"), "not valid JSON"),
     ("absolute-path", manifest_edit(lambda m: m["programs"][0].__setitem__("path", "/etc/passwd")), "must be relative"),
@@ -353,7 +293,7 @@ BAD_ARTIFACTS = [
     ("unknown-precision", manifest_edit(lambda m: m.__setitem__("precision", {"name": "int4", "key": "int4"})),
      "unknown precision 'int4'"),
     ("precision-without-key", manifest_edit(lambda m: m.__setitem__("precision", {"name": "fp16"})),
-     "precision is missing required field 'key'"),
+     "$.precision: 'key' is a required property"),
 ]
 
 
@@ -559,3 +499,15 @@ def test_failure_halfway_leaves_nothing(model_dir, tmp_path, monkeypatch, capsys
     assert rc == 2 and "injected" in capsys.readouterr().err
     assert calls["n"] == 2
     assert list(tmp_path.iterdir()) == [], "partial artifacts left behind"
+
+
+def test_version_prints_what_a_manifest_records():
+    """--version against the installed packages' own metadata (not env.versions()), exit 0."""
+    import platform
+    from importlib.metadata import version
+
+    rc, so, se = c2w("--version")
+    assert rc == 0, se
+    assert so.startswith("c2w-export ") and f"torch {version('torch')}" in so, so
+    assert f"executorch {version('executorch')}" in so and f"Python {platform.python_version()}" in so, so
+    assert "fp16 arithmetic native-fp16" in so or "fp16 arithmetic fp32-accumulate" in so, so

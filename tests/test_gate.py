@@ -172,8 +172,8 @@ def test_verify_report_table_and_json_by_hand():
     ]
     j = json.loads(r.to_json())
     assert (j["exit_code"], j["passed"]) == (1, False)
-    assert j["rows"][0] == {"check": "hashes", "target": "2 file(s)", "passed": True, "detail": "", "diff": None,
-                            "tolerance": None}
+    assert j["rows"][0] == {"check": "hashes", "target": "2 file(s)", "passed": True, "warning": False, "detail": "",
+                            "diff": None, "tolerance": None}
     assert j["rows"][1]["diff"] == {"max_abs": 2.5e-6, "index": [0], "snr_db": 110.04, "mean_abs": 1.25e-6}
     assert j["rows"][1]["tolerance"] == {"max_abs": 1e-3, "min_snr_db": 60.0, "why": "for this test"}
     assert j["rows"][2]["diff"]["snr_db"] is None

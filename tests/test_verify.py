@@ -45,6 +45,8 @@ def test_verify_passes_with_every_row_named(small, model_dir):
     assert [(r.check, r.target, r.passed, r.detail) for r in rep.rows] == [
         ("hashes", "2 file(s)", True, ""),
         ("model", "config + weights sha256", True, ""),
+        ("contract", "manifest vs checkpoint", True,
+         "methods, I/O names, shapes, dtypes, state and order, hop and sample rate match"),
         ("methods", "code2wav_windowed.pt2", True, "1 method(s) by name"),
         ("methods", "code2wav_stateful.pt2", True, "1 method(s) by name"),
         ("windows", "windowed", True, "3 window(s)"),

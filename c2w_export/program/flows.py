@@ -74,6 +74,12 @@ def runtime():
 
 
 # ---------------------------------------------------------------- loaded programs
+IoMeta = tuple[list[tuple[tuple, str]], list[tuple[tuple, str]]]
+# ExecuTorch's ScalarType codes (runtime/core/portable_type/scalar_type.h) of the dtypes a manifest may name
+_SCALAR_TYPES = {0: "uint8", 1: "int8", 3: "int32", 4: "int64", 5: "float16", 6: "float32", 7: "float64",
+                 11: "bool", 15: "bfloat16"}
+
+
 class Loaded:
     """A program in its runtime: `run(method, inputs) -> tuple of tensors`. No input checks here;
     `runner.Runner` checks inputs against the specs before calling this."""
@@ -85,6 +91,12 @@ class Loaded:
 
     def preload(self, methods: Sequence[str]) -> None:
         """Make `methods` ready to run (a runtime that loads lazily does its work here)."""
+
+    def io_meta(self, method: str) -> IoMeta | None:
+        """What the program itself says `method` takes and returns, without running it: (inputs,
+        outputs), each a list of (shape at the largest size, a dim None where it does not say; dtype
+        name). None when the program carries no such metadata (eager modules)."""
+        return None
 
 
 def _as_tuple(x) -> tuple:
@@ -119,6 +131,36 @@ class ExecuTorchLoaded(Loaded):
     def run(self, method, inputs):
         self.preload([method])
         return tuple(self._methods[method].execute(list(inputs)))
+
+    def io_meta(self, method):
+        """From the .pte's method metadata (read without loading the method): sizes are the upper
+        bounds memory is planned for."""
+        meta = self.program.metadata(method)
+        side = lambda n, get: [(tuple(get(i).sizes()), _SCALAR_TYPES.get(int(get(i).dtype()), f"ScalarType {int(get(i).dtype())}"))
+                               for i in range(n)]
+        return side(meta.num_inputs(), meta.input_tensor_meta), side(meta.num_outputs(), meta.output_tensor_meta)
+
+
+class Pt2Loaded(ModuleLoaded):
+    """torch.export programs (.pt2), run as `ExportedProgram.module()`."""
+
+    def __init__(self, programs: Mapping[str, "torch.export.ExportedProgram"]):
+        # check_guards=False: the input ranges are still checked (a pre-hook), not guards such as a
+        # conv's memory-format choice at 1 frame (Ne(t, 1)), which do not change the values; the gate
+        # checks chunk 1 against eager
+        super().__init__({m: ep.module(check_guards=False) for m, ep in programs.items()})
+        self.programs = dict(programs)
+
+    def io_meta(self, method):
+        """From the graph's placeholders and outputs: a dynamic dim is None."""
+        ep = self.programs[method]
+        nodes = {n.name: n for n in ep.graph.nodes}
+        out_node = next(n for n in ep.graph.nodes if n.op == "output")
+        user_out = ep.graph_signature.user_outputs
+        outs = [a for a in out_node.args[0] if getattr(a, "name", None) in user_out]
+        side = lambda ns: [(tuple(d if isinstance(d, int) else None for d in n.meta["val"].shape),
+                            str(n.meta["val"].dtype).removeprefix("torch.")) for n in ns]
+        return side([nodes[i] for i in ep.graph_signature.user_inputs]), side(outs)
 
 
 # ---------------------------------------------------------------- stages
@@ -199,7 +241,7 @@ class Export(Stage):
         return out
 
     def program(self, programs):
-        return ModuleLoaded({m: ep.module(check_guards=False) for m, ep in programs.items()})
+        return Pt2Loaded(programs)
 
 
 def op_name(node) -> str:
@@ -323,10 +365,7 @@ def _open_pte(paths: Mapping[str, Path]) -> Loaded:
 
 
 def _open_pt2(paths: Mapping[str, Path]) -> Loaded:
-    # check_guards=False: the input ranges are still checked (a pre-hook), not guards such as a
-    # conv's memory-format choice at 1 frame (Ne(t, 1)), which do not change the values; the gate
-    # checks chunk 1 against eager
-    return ModuleLoaded({m: torch.export.load(str(p)).module(check_guards=False) for m, p in paths.items()})
+    return Pt2Loaded({m: torch.export.load(str(p)) for m, p in paths.items()})
 
 
 class LoadEager(Stage):

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..model.decoder import Code2Wav
-from .flows import FLOWS, Flow, FlowError, ModuleLoaded, Stage, Work
+from .flows import FLOWS, Flow, FlowError, ModuleLoaded, Pt2Loaded, Stage, Work
 from .variants import export_variant, make_variant, parity_inputs
 
 
@@ -157,7 +157,7 @@ class Quantize(Stage):
         return out
 
     def program(self, programs):
-        return ModuleLoaded({m: ep.module(check_guards=False) for m, ep in programs.items()})
+        return Pt2Loaded(programs)
 
     def references(self, programs, work: Work) -> dict:
         return {m: OwnModule(ep.module(check_guards=False), work.modules[m].initial_state)

@@ -12,6 +12,7 @@ from ..program.flows import get_flow
 from ..program.runner import Dispatch, Runner
 from ..program.variants import MethodSpec
 from . import manifest as mf
+from .contract import manifest_problems, program_problems
 
 
 class ArtifactError(RuntimeError):
@@ -35,6 +36,13 @@ class Artifacts:
     def check_files(self) -> list[str]:
         """Re-hash every file -> list of problems (empty when all match)."""
         problems = []
+        inside = self.root.resolve()
+        named = [*self.files(), *(p["bundle"]["path"] for p in self.manifest["programs"] if "bundle" in p)]
+        for rel in named:  # a symlink may not lead out of the directory (a planted file elsewhere)
+            if (self.root / rel).exists() and inside not in (self.root / rel).resolve().parents:
+                problems.append(f"{rel} resolves to {(self.root / rel).resolve()}, outside the artifacts directory")
+        if problems:
+            return problems
         for rel, entry in self.files().items():
             path = self.root / rel
             if not path.is_file():
@@ -72,6 +80,7 @@ class Artifacts:
             loaded = flow.open({m: self.root / rel for m in methods})
             r = Runner(flow.name, loaded, {m: self.specs[m] for m in methods}, self.decode["codebook_size"])
             runners.update({m: r for m in methods})
+        refuse(self.root, program_problems(self.manifest, self.specs, {m: r.loaded for m, r in runners.items()}))
         return Dispatch(runners)
 
     def initial_state(self) -> tuple[torch.Tensor, ...]:
@@ -84,5 +93,13 @@ def open_artifacts(root: str | Path) -> Artifacts:
     if not root.is_dir():
         raise ArtifactError(f"artifacts directory not found: {root}")
     m = mf.load(root)
+    refuse(root, manifest_problems(m))
     specs = {p["method"]: MethodSpec.from_json(p) for p in m["programs"]}
     return Artifacts(root, m, specs)
+
+
+def refuse(root: Path, problems: list[str]) -> None:
+    """ManifestError with the first contract problem (and how many more), when there is any."""
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise mf.ManifestError(f"{Path(root) / mf.MANIFEST}: {problems[0]}{more}")

@@ -1,12 +1,15 @@
 """Manifest v3 (`manifest.json`): what an artifacts directory holds and how it was checked.
 
-Written atomically; loaded against a schema (unknown format_version, missing fields and wrong
-types are rejected with the field's path). Paths are relative to the artifacts directory.
+Written atomically; validated against its JSON Schema (manifest.schema.json, published as
+docs/manifest.schema.json) when written and loaded: an unknown format_version, a missing field, a
+wrong type or an out-of-range value is rejected with the field's JSON path. Paths are relative to
+the artifacts directory.
 """
 
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -21,53 +24,54 @@ from ..program.tolerances import tolerance
 
 FORMAT_VERSION = 3  # 3: one method per variant, any chunk min_chunk..max_chunk; 2: one per chunk; 1: no history
 MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 8 << 20  # a real-size manifest is ~50 KB; a larger one is refused before it is read
 
 
 class ManifestError(ValueError):
     """manifest.json is missing, not JSON, or does not follow the v3 schema."""
 
 
-NUM = (int, float)
-OPT_NUM = (int, float, type(None))
-SPEC = {"name": str, "shape": [int], "dtype": str}
-TOL = {"max_abs": NUM, "min_snr_db": NUM, "why": str}
-PARITY = {"max_abs": NUM, "snr_db": OPT_NUM, "windows": int, "streams": int}
-PROGRAM = {
-    "method": str, "variant": str, "min_chunk": int, "max_chunk": int, "context": int, "path": str, "sha256": str,
-    "bytes": int,
-    "inputs": [SPEC], "outputs": [SPEC], "backend": str, "partitioner": (str, type(None)), "verified": bool,
-    "tolerance": TOL, "parity": PARITY,
-}
-SCHEMA = {
-    "format_version": int,
-    "model": {"id": str, "config_sha256": str, "weights_sha256": str},
-    "versions": {"torch": str, "executorch": (str, type(None)), "c2w_export": str, "python": str},
-    "decode": {"variants": [str], "ramp": [int], "ramp_reason": str, "max_chunk": int, "context_frames": int, "hop": int,
-               "sample_rate": int, "num_quantizers": int, "codebook_size": int},
-    "state": [SPEC],
-    "programs": [PROGRAM],
-}
+SCHEMA_FILE = Path(__file__).with_name("manifest.schema.json")  # published in docs/ too
 
 
-def check_schema(value: Any, schema: Any, where: str = "manifest") -> None:
-    if isinstance(schema, dict):
-        if not isinstance(value, dict):
-            raise ManifestError(f"{where} must be an object, got {type(value).__name__}")
-        for key, sub in schema.items():
-            if key not in value:
-                raise ManifestError(f"{where} is missing required field '{key}'")
-            check_schema(value[key], sub, f"{where}.{key}")
-    elif isinstance(schema, list):
-        if not isinstance(value, list):
-            raise ManifestError(f"{where} must be a list, got {type(value).__name__}")
-        for i, item in enumerate(value):
-            check_schema(item, schema[0], f"{where}[{i}]")
-    else:
-        types = schema if isinstance(schema, tuple) else (schema,)
-        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
-        if not ok:
-            names = "/".join("null" if t is type(None) else t.__name__ for t in types)
-            raise ManifestError(f"{where} must be {names}, got {type(value).__name__} {value!r}"[:300])
+@lru_cache(maxsize=1)
+def schema() -> dict:
+    """The manifest's JSON Schema (draft 2020-12), shipped in the package."""
+    return json.loads(SCHEMA_FILE.read_text())
+
+
+def check_schema(data: Any, where: str = "manifest") -> None:
+    """Validate `data` against schema(); ManifestError naming the JSON path of the most relevant
+    error (and how many more there are)."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import best_match
+
+    errors = list(Draft202012Validator(schema()).iter_errors(data))
+    if errors:
+        e = best_match(errors)
+        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+        message = e.message if len(e.message) <= 200 else e.message[:200] + "..."
+        raise ManifestError(f"{where}: {e.json_path}: {message}{more}")
+
+
+def missing_records(data: dict) -> list[str]:
+    """JSON paths of the record-only fields ("x-record" in the schema: how it was built and
+    checked, read by no one) that `data` lacks; verify warns about each."""
+    out = []
+
+    def walk(value, sub: dict, path: str) -> None:
+        sub = schema()["$defs"][sub["$ref"].rsplit("/", 1)[1]] if "$ref" in sub else sub
+        if isinstance(value, dict):
+            for key, prop in sub.get("properties", {}).items():
+                if key in value:
+                    walk(value[key], prop, f"{path}.{key}")
+                elif prop.get("x-record"):
+                    out.append(f"{path}.{key}")
+        elif isinstance(value, list) and "items" in sub:
+            for i, item in enumerate(value):
+                walk(item, sub["items"], f"{path}[{i}]")
+    walk(data, schema(), "$")
+    return out
 
 
 def build(decoder: Code2Wav, model: str, flow: Flow, variants: Sequence[str], ramp: Sequence[int], max_chunk: int,
@@ -132,7 +136,7 @@ def precision_of(manifest: dict) -> str:
 
 def write(directory: Path, manifest: dict) -> Path:
     """Validate, then write `directory/manifest.json` atomically."""
-    check_schema(manifest, SCHEMA)
+    check_schema(manifest)
     path = Path(directory) / MANIFEST
     atomic_write_bytes(path, (json.dumps(manifest, indent=2) + "\n").encode())
     return path
@@ -142,7 +146,7 @@ def load(directory: Path) -> dict:
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise ManifestError(f"no {MANIFEST} in {directory}: is this an artifacts directory from `c2w-export export`?")
-    data = read_json(path, ManifestError)
+    data = read_json(path, ManifestError, MAX_MANIFEST_BYTES)
     if not isinstance(data, dict) or "format_version" not in data:
         raise ManifestError(f"{path}: missing required field 'format_version'")
     if data["format_version"] != FORMAT_VERSION:
@@ -151,9 +155,8 @@ def load(directory: Path) -> dict:
                    "with this c2w-export"}.get(data["format_version"], "") if isinstance(data["format_version"], int) else ""
         raise ManifestError(f"{path}: unknown format_version {data['format_version']!r}; this c2w-export reads "
                             f"{FORMAT_VERSION}{hint}")
-    check_schema(data, SCHEMA, str(path))
+    check_schema(data, str(path))
     if "precision" in data:  # optional: manifests before it are fp32
-        check_schema(data["precision"], {"name": str, "key": str}, f"{path}.precision")
         if data["precision"]["name"] not in PRECISIONS:
             raise ManifestError(f"{path}: unknown precision {data['precision']['name']!r}; this c2w-export knows "
                                 f"{sorted(PRECISIONS)}")

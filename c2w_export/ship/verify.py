@@ -25,6 +25,7 @@ from ..program.tolerances import Tolerance, bundle_state_rtol, tolerance
 from ..program.variants import make_variant
 from . import manifest as mf
 from .artifacts import Artifacts, open_artifacts
+from .contract import checkpoint_problems
 
 EXIT_OK, EXIT_PARITY = 0, 1
 
@@ -37,9 +38,11 @@ class Row:
     tolerance: Tolerance | None
     passed: bool
     detail: str = ""
+    warning: bool = False  # passed, but something worth reading (a record-only field absent)
 
     def to_json(self) -> dict:
-        return {"check": self.check, "target": self.target, "passed": self.passed, "detail": self.detail,
+        return {"check": self.check, "target": self.target, "passed": self.passed, "warning": self.warning,
+                "detail": self.detail,
                 "diff": self.diff.to_json() if self.diff else None,
                 "tolerance": self.tolerance.to_json() if self.tolerance else None}
 
@@ -56,7 +59,8 @@ class Report:
             ma = f"{r.diff.max_abs:.3g}" if r.diff else "-"
             snr = ("inf" if r.diff.snr_db == float("inf") else f"{r.diff.snr_db:.1f}") if r.diff else "-"
             tol = f"{r.tolerance.max_abs:g}" if r.tolerance else "-"
-            lines.append(f"{r.check:<{w}} {r.target:<26} {ma:>10} {snr:>8} {tol:>9}  {'PASS' if r.passed else 'FAIL'}"
+            verdict = ("WARN" if r.warning else "PASS") if r.passed else "FAIL"
+            lines.append(f"{r.check:<{w}} {r.target:<26} {ma:>10} {snr:>8} {tol:>9}  {verdict}"
                          + (f"  {r.detail}" if r.detail else ""))
         return "\n".join(lines)
 
@@ -80,6 +84,15 @@ def verify(artifacts_dir: str | Path, model: str | None = None, windows: int = 3
     report.rows.append(Row("model", "config + weights sha256", None, None, same_cfg and same_w,
                            "" if same_cfg and same_w else
                            f"artifacts were built from a different checkpoint (config match={same_cfg}, weights match={same_w})"))
+    problems = checkpoint_problems(m, decoder)  # the published contract against the checkpoint's own
+    report.rows.append(Row("contract", "manifest vs checkpoint", None, None, not problems,
+                           "methods, I/O names, shapes, dtypes, state and order, hop and sample rate match"
+                           if not problems else "; ".join(problems)))
+    report.rows += [Row("record", path, None, None, True, "absent (a record only: nothing reads it)", warning=True)
+                    for path in mf.missing_records(m)]
+    if problems:  # the programs would be run against a contract that is not theirs: nothing after it means anything
+        report.exit_code = EXIT_PARITY
+        return report
     programs = art.programs()
     progress(f"loaded {len(art.specs)} method(s) from {artifacts_dir}")
     report.rows += check_method_names(art, programs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import struct
 from pathlib import Path
 
@@ -12,15 +13,36 @@ from ..fileio import atomic_write_bytes
 from ..model.validate import InputError
 
 
+MAX_CODE_ELEMENTS = 16 * 1_000_000  # 16 codebooks x a million frames (~22 hours of audio at 12.5 Hz)
+
+
+def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype a .npy header claims, read without reading the array."""
+    with open(path, "rb") as f:
+        major, _ = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(f)
+    return tuple(shape), dtype
+
+
 def read_codes(path: str | Path) -> torch.Tensor:
-    """.npy or .pt holding int64 [Q, T] or [1, Q, T] -> int64 [1, Q, T] (shape/range checked later)."""
+    """.npy or .pt holding int64 [Q, T] or [1, Q, T] -> int64 [1, Q, T] (shape/range checked later).
+    A file that claims (.npy header) or holds (.pt size) more than MAX_CODE_ELEMENTS codes is refused
+    before anything that size is allocated."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"codes file not found: {path}")
     if path.stat().st_size == 0:
         raise InputError(f"codes file is empty: {path}")
+    if path.suffix == ".pt" and path.stat().st_size > MAX_CODE_ELEMENTS * 8 + (1 << 20):
+        raise InputError(f"codes file {path} is {path.stat().st_size} bytes, over the limit of {MAX_CODE_ELEMENTS} "
+                         f"int64 codes")
     try:
         if path.suffix == ".npy":
+            shape, _ = _npy_header(path)
+            if math.prod(shape) > MAX_CODE_ELEMENTS:
+                raise InputError(f"codes file {path} claims shape {list(shape)}, over the limit of "
+                                 f"{MAX_CODE_ELEMENTS} codes")
             arr = np.load(path, allow_pickle=False)
             codes = torch.from_numpy(np.ascontiguousarray(arr))
         elif path.suffix == ".pt":
