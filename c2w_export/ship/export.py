@@ -9,7 +9,6 @@ program passed, so a failure halfway never leaves a partial manifest or artifact
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -24,6 +23,7 @@ from ..program.runner import Dispatch, Runner
 from ..program.streaming import DEFAULT_CONTEXT, DEFAULT_MAX_CHUNK, DEFAULT_RAMP, check_ramp, stream_check, stream_frames
 from ..program.variants import VARIANTS
 from . import manifest as mf
+from .commit import CommitError, commit, staging_for
 
 
 def export_artifacts(model: str, out_dir: Path, *, ramp: Sequence[int] = DEFAULT_RAMP, max_chunk: int = DEFAULT_MAX_CHUNK,
@@ -62,8 +62,10 @@ def export_artifacts(model: str, out_dir: Path, *, ramp: Sequence[int] = DEFAULT
     decoder = decoder if decoder is not None else reference
     cfg = decoder.config
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=".staging-"))
+    try:
+        staging = staging_for(out_dir)  # beside out_dir: committed in one step (ship/commit.py)
+    except CommitError as e:
+        raise FlowError(str(e)) from None
     try:
         progress(f"exporting {len(variants)} {precision} program(s) with {flow.name}: variants {list(variants)}, "
                  f"chunks 1..{max_chunk}, context {context}, decode ramp {ramp}"
@@ -95,10 +97,11 @@ def export_artifacts(model: str, out_dir: Path, *, ramp: Sequence[int] = DEFAULT
 
             bundles = write_bundles(results, progress, reference)
         manifest = mf.build(reference, model, flow, variants, ramp, max_chunk, context, results, streams, bundles)
-        for f in staging.iterdir():
-            if f.is_file() and not f.name.startswith("."):
-                f.replace(out_dir / f.name)
-        mf.write(out_dir, manifest)
+        for f in staging.iterdir():  # what the build left beside the programs (lowering scratch) is not shipped
+            if f.name.startswith(".") or not f.is_file():
+                shutil.rmtree(f) if f.is_dir() else f.unlink()
+        mf.write(staging, manifest)
+        commit(staging, out_dir)
         progress(f"wrote {len(results)} program(s) and {mf.MANIFEST} to {out_dir}")
         return manifest
     finally:
