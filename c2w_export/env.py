@@ -61,6 +61,11 @@ def fp16_arithmetic(flags: set[str] | None = None, system: str | None = None, ma
     return "native-fp16" if any(need <= flags for need in NATIVE_FP16_FLAGS) else "fp32-accumulate"
 
 
+def describe_arithmetic(name: str) -> str:
+    """What an arithmetic name means (FP16_ARITHMETICS), or the name itself (int8, float32)."""
+    return FP16_ARITHMETICS.get(name, name)
+
+
 def quiet_libraries() -> None:
     """Third-party warnings ignored (ours still shown) and the torch / torchao / ExecuTorch loggers
     at ERROR: the CLI without -v, and the lowering worker processes it starts."""

@@ -194,7 +194,8 @@ LIMITS = [  # (id, damage to the artifacts or codes, the line): refused before a
     ("codes-header-claims-a-huge-shape", lambda root, tmp: _claims(tmp / "codes.npy", (16, 10 ** 7)),
      "claims shape [16, 10000000], over the limit of 16000000 codes"),
     ("manifest-over-its-size-limit",
-     manifest_edit(lambda m: m["versions"].__setitem__("padding", "x" * (9 << 20))), "over the 8388608-byte limit"),
+     lambda root, tmp: manifest_edit(lambda m: m["versions"].__setitem__("padding", "x" * (9 << 20)))(root),
+     "over the 8388608-byte limit"),
     ("symlink-out-of-the-directory", _outside, "outside the artifacts directory"),
 ]
 
@@ -203,7 +204,7 @@ LIMITS = [  # (id, damage to the artifacts or codes, the line): refused before a
 def test_limits_before_allocation(artifacts, copy_of, tmp_path, damage, message):
     root = copy_of(artifacts)
     np.save(tmp_path / "codes.npy", np.zeros((16, 5), np.int64))
-    damage(root) if damage.__code__.co_argcount == 1 else damage(root, tmp_path)
+    damage(root, tmp_path)
     decode = cli_in_process(["decode", "--artifacts", str(root), "--codes", str(tmp_path / "codes.npy"),
                              "--out", str(tmp_path / "out.wav")])
     _no_traceback(decode)

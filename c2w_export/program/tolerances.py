@@ -179,12 +179,7 @@ BUNDLE_STATE_RTOL: dict[str, float | dict[str, float]] = {  # precision key -> r
 def bundle_state_rtol(key: str, arithmetic: str | None = None) -> float | None:
     """BUNDLE_STATE_RTOL of precision `key` (for `arithmetic`, default this CPU's, where it has one per
     arithmetic); None when unmeasured."""
-    entry = BUNDLE_STATE_RTOL.get(key)
-    if not isinstance(entry, dict):
-        return entry
-    from ..env import fp16_arithmetic
-
-    return entry[arithmetic or fp16_arithmetic()]
+    return _for_arithmetic(BUNDLE_STATE_RTOL.get(key), arithmetic)
 
 
 PERTURBATION = 1e-3  # relative change of one weight that a gate must reject
@@ -197,7 +192,13 @@ def tolerance(flow: str, key: str = "float32", arithmetic: str | None = None) ->
         entry = TOLERANCES[(flow, key)]
     except KeyError:
         raise KeyError(f"no tolerance for flow={flow!r} precision={key!r}; add one to c2w_export/program/tolerances.py") from None
-    if isinstance(entry, Tolerance):
+    return _for_arithmetic(entry, arithmetic)
+
+
+def _for_arithmetic(entry, arithmetic: str | None):
+    """`entry` itself, or where it holds one value per fp16 arithmetic ({name: value}), the one for
+    `arithmetic` (default: this CPU's, env.fp16_arithmetic)."""
+    if not isinstance(entry, dict):
         return entry
     from ..env import fp16_arithmetic
 

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..env import FP16_ARITHMETICS, cpu_name
+from ..env import cpu_name, describe_arithmetic
 from ..model.checkpoint import load_decoder
 from ..model.decoder import Code2Wav
 from ..program.flows import FlowError, ModuleLoaded, flow_for
@@ -71,8 +71,8 @@ def export_artifacts(model: str, out_dir: Path, *, ramp: Sequence[int] = DEFAULT
                  f"chunks 1..{max_chunk}, context {context}, decode ramp {ramp}"
                  f"{', one multi-method file' if multi_method else ''}")
         if precision != FP32:  # side 1 of a half precision is gated for the arithmetic of the CPU it runs on
-            arithmetic = get_precision(precision).arithmetic()
-            progress(f"{precision} arithmetic on this CPU ({cpu_name()}): {FP16_ARITHMETICS.get(arithmetic, arithmetic)}")
+            progress(f"{precision} arithmetic on this CPU ({cpu_name()}): "
+                     f"{describe_arithmetic(get_precision(precision).arithmetic())}")
         results, loaded = build(decoder, flow, variants, max_chunk, context, staging, multi_method=multi_method,
                                 windows=windows, seed=seed, progress=progress, reference=reference)
         runners = {r.spec.method: Runner(flow.name, loaded[r.spec.method], {r.spec.method: r.spec}, cfg.codebook_size)

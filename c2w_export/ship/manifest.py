@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..env import FP16_ARITHMETICS, versions
+from ..env import describe_arithmetic, versions
 from ..fileio import atomic_write_bytes, read_json, sha256_file
 from ..model.decoder import Code2Wav
 from ..program.flows import Flow
@@ -126,7 +126,7 @@ def precision_record(name: str) -> dict:
         return p.record()
     arithmetic = p.arithmetic()
     return {**p.record(), "quality_gate": tolerance(QUALITY, p.key).to_json(),
-            "arithmetic": {"name": arithmetic, "what": FP16_ARITHMETICS.get(arithmetic, arithmetic)}}
+            "arithmetic": {"name": arithmetic, "what": describe_arithmetic(arithmetic)}}
 
 
 def precision_of(manifest: dict) -> str:

@@ -15,7 +15,7 @@ from ..fileio import sha256_file
 from ..model.checkpoint import load_decoder
 from ..program.compare import Diff
 from ..program.flows import ModuleLoaded, get_flow
-from ..env import FP16_ARITHMETICS, cpu_name
+from ..env import cpu_name, describe_arithmetic
 from ..program.native_fp16 import emulated
 from ..program.pipeline import NATIVE, QUALITY, check_method, parity_inputs
 from ..program.precision import get_precision, own_references, with_precision
@@ -103,9 +103,8 @@ def verify(artifacts_dir: str | Path, model: str | None = None, windows: int = 3
     reduced = precision.stage is not None
     quality = tolerance(QUALITY, precision.key) if reduced else None
     if reduced:  # side 1 of a half precision is gated for this CPU's arithmetic: name it
-        arithmetic = precision.arithmetic()
         report.rows.append(Row("arithmetic", precision.name, None, None, True,
-                               f"{cpu_name()}: {FP16_ARITHMETICS.get(arithmetic, arithmetic)}"))
+                               f"{cpu_name()}: {describe_arithmetic(precision.arithmetic())}"))
     own = own_references(decoder, precision.name, art.specs) if reduced else {}  # rebuilt, never read from disk
     for method, spec in art.specs.items():
         entry = by_method[method]
