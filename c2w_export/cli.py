@@ -32,8 +32,32 @@ class _Version(argparse.Action):
         parser.exit(0)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, like every other error (`-h` shows the usage)."""
+
+    def error(self, message):
+        _err(f"{self.prog.removeprefix('c2w-export').strip() or 'usage'}: {message}")
+        self.exit(EXIT_USAGE)
+
+
+def _count(low: int, high: int):
+    """An argparse type: an integer in low..high, named in the error."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= v <= high:
+            raise argparse.ArgumentTypeError(f"{v} is not in {low}..{high}")
+        return v
+    return parse
+
+
+MAX_WINDOWS = 1000  # code windows a check runs per method: past this it is hours, not a check
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="c2w-export", description=__doc__)
+    p = _Parser(prog="c2w-export", description=__doc__)
     p.add_argument("--version", action=_Version)
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also show third-party warnings and logs (torch, torchao, ExecuTorch)")
@@ -59,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--variant", choices=["windowed", "stateful", "both"], default="windowed")
     e.add_argument("--multi-method", action="store_true", help="one file holding both variants' methods (they share the weights)")
     e.add_argument("--bundle", action="store_true", help="also write BundledProgram (.bpte) test vectors")
-    e.add_argument("--windows", type=int, default=3, help="code windows checked per program")
+    e.add_argument("--windows", type=_count(1, MAX_WINDOWS), default=3, help="code windows checked per program")
     e.add_argument("--precision", choices=sorted(PRECISIONS), default=FP32,
                    help="fp16: float16 weights and activations; int8*: static int8 of the named parts "
                         "(program/precision.py). I/O and state stay float32. Each is gated against its own eager "
@@ -82,12 +106,12 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--artifacts", required=True, type=Path)
     v.add_argument("--model", default=None)
     v.add_argument("--json", action="store_true")
-    v.add_argument("--windows", type=int, default=3)
+    v.add_argument("--windows", type=_count(1, MAX_WINDOWS), default=3, help="code windows checked per method")
 
     f = sub.add_parser("profile", help="per-op time of ExecuTorch methods from the runtime's ETDump trace")
     f.add_argument("--artifacts", required=True, type=Path)
     f.add_argument("--method", nargs="+", default=None, help="default: every method of every .pte")
-    f.add_argument("--runs", type=int, default=5, help="timed calls per method, after one warm-up call")
+    f.add_argument("--runs", type=_count(1, MAX_WINDOWS), default=5, help="timed calls per method, after one warm-up call")
     f.add_argument("--json", action="store_true")
 
     g = sub.add_parser("golden", help="check (default) or --update tests/golden (tiny seed 0, plain and stress)")
@@ -101,7 +125,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _err(msg: str) -> None:
-    print(f"c2w-export: error: {msg}", file=sys.stderr)
+    """One line, whatever the message holds (a library's error may run to many)."""
+    print(f"c2w-export: error: {' '.join(str(msg).split())}", file=sys.stderr)
 
 
 def quiet_third_party() -> None:
@@ -178,8 +203,11 @@ def _decode_and_report(artifacts: Path, codes_path: Path, out: Path, variant: st
     from .ship.decode import decode
     from .ship.wav import read_codes, write_wav
 
+    from .model.validate import check_codes
+
     art = open_artifacts(artifacts)
     codes = read_codes(codes_path)
+    check_codes(codes, art.decode["num_quantizers"], art.decode["codebook_size"], name=f"codes in {codes_path}")
     res = decode(art, codes, variant, ramp)
     write_wav(out, res.wav, res.sample_rate, wav_format)
     hop = art.decode["hop"]
@@ -197,7 +225,8 @@ def _decode_and_report(artifacts: Path, codes_path: Path, out: Path, variant: st
         return
     print(f"decoded {codes.shape[-1]} frames ({res.audio_seconds:.2f} s) with {res.variant}, ramp {res.ramp}, "
           f"in {len(res.steps)} chunks -> {out} ({wav_format})")
-    print(f"load {res.load_seconds * 1e3:.1f} ms (cold start: every method loaded and run once, before the first chunk)")
+    print(f"load {res.load_seconds * 1e3:.1f} ms (cold start: each .pte first loaded and run once in a "
+          f"child process, then every method loaded and run once here, before the first chunk)")
     print(f"real-time factor {res.real_time_factor:.3f} (compute/audio), first chunk {res.first_chunk_seconds * 1e3:.1f} ms "
           f"({res.steps[0].frames} frames, methods already loaded)")
     print(f"playback at 24 kHz from the first chunk: {res.playback(hop).describe()}")

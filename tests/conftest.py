@@ -20,6 +20,7 @@ from helpers import ALL_FLOWS, PRECISION_FLOWS, RAMP, ProgramCache, built_once, 
 settings.register_profile("dev", max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.register_profile("fuzz", parent=settings.get_profile("ci"), max_examples=50 * 20)  # tox -e fuzz: 50x ci
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 

@@ -78,6 +78,60 @@ def cli_in_process(argv: list[str]) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
+def _clean_runner_loop(conn) -> None:
+    """The clean runner's process: imports done, never runs ExecuTorch itself; each request (argv) is
+    run by cli_in_process in a fork of it, and (rc, stdout, stderr) or the signal comes back."""
+    import signal
+
+    from c2w_export import cli  # noqa: F401 (imported once here, with the runtime: every fork starts with them)
+    from c2w_export.program.flows import runtime
+    from c2w_export.ship import decode, verify  # noqa: F401
+
+    runtime()
+    while True:
+        argv = conn.recv()
+        if argv is None:
+            return
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            with os.fdopen(w, "w") as out:
+                out.write(json.dumps(cli_in_process(argv)))
+            os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as inp:
+            text = inp.read()
+        _, status = os.waitpid(pid, 0)
+        if os.WIFSIGNALED(status):
+            conn.send((-os.WTERMSIG(status), "", f"killed by {signal.Signals(os.WTERMSIG(status)).name}"))
+        else:
+            conn.send(tuple(json.loads(text)))
+
+
+class CleanRunner:
+    """The CLI run in a fork of a process that has never run an ExecuTorch method (a fork of one that
+    has hangs in the runtime, ship/probe.py), so every run gets the full child-process probe, and a
+    run that kills its process (a crash the probe missed) is reported as rc -signal instead of taking
+    the test worker down. One process per CleanRunner, started by spawn (~4 s)."""
+
+    def __init__(self):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_clean_runner_loop, args=(child,), daemon=True)
+        self.process.start()
+
+    def __call__(self, argv: list[str]) -> tuple[int, str, str]:
+        self.conn.send([str(a) for a in argv])
+        return self.conn.recv()
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.process.join(30)
+
+
 def c2w(*args, timeout=900):
     """Run the real console entry in a subprocess; returns (returncode, stdout, stderr).
     Under `tox -e mutation` (C2W_CLI_IN_PROCESS) it runs in this process instead, so mutmut sees

@@ -132,7 +132,7 @@ PROFILE_ERRORS = [  # (id, artifacts fixture, extra args, message)
     ("not-executorch", "artifacts", [], "holds no ExecuTorch .pte program to profile"),
     ("pt2-method", "artifacts", ["--method", "windowed"], "windowed is a torch_export program (code2wav_windowed.pt2): "
                                                           "only ExecuTorch .pte programs carry an ETDump profile"),
-    ("zero-runs", "et_artifacts", ["--runs", "0"], "profile needs runs >= 1"),
+    ("zero-runs", "et_artifacts", ["--runs", "0"], "profile: argument --runs: 0 is not in 1..1000"),
 ]
 
 

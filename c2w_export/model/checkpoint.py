@@ -79,8 +79,20 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"cannot read {path}: {e} (truncated or not a safetensors file?)") from None
 
 
-def decoder_state_dict(tensors: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
-    """Keys under `decoder.` with the prefix stripped; encoder keys dropped; anything else is unexpected."""
+def read_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape from a safetensors header, reading no tensor data."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"cannot read {path}: {e} (truncated or not a safetensors file?)") from None
+
+
+def decoder_state_dict(tensors: dict, source: str) -> dict:
+    """Keys under `decoder.` with the prefix stripped; encoder keys dropped; anything else is
+    unexpected. The values (tensors or shapes) are passed through."""
     out, stray = {}, []
     for k, v in tensors.items():
         if k.startswith(PREFIX):
@@ -92,14 +104,13 @@ def decoder_state_dict(tensors: dict[str, torch.Tensor], source: str) -> dict[st
     return out
 
 
-def strict_load(decoder: Code2Wav, state: dict[str, torch.Tensor], source: str) -> None:
-    """Load every parameter; one error lists all missing keys, unexpected keys and shape mismatches."""
-    expected = decoder.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+def check_shapes(expected: dict[str, tuple], got: dict[str, tuple], source: str) -> None:
+    """One CheckpointError, in one line, listing every missing key, unexpected key and shape mismatch."""
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
     shapes = sorted(
-        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
-        for k in set(expected) & set(state) if state[k].shape != expected[k].shape
+        f"{k}: checkpoint {tuple(got[k])} vs model {tuple(expected[k])}"
+        for k in set(expected) & set(got) if tuple(got[k]) != tuple(expected[k])
     )
     problems = []
     for title, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)):
@@ -108,7 +119,13 @@ def strict_load(decoder: Code2Wav, state: dict[str, torch.Tensor], source: str) 
             more = f" (+{len(items) - 20} more)" if len(items) > 20 else ""
             problems.append(f"{len(items)} {title}: {shown}{more}")
     if problems:
-        raise CheckpointError(f"{source} does not match the decoder config:\n  " + "\n  ".join(problems))
+        raise CheckpointError(f"{source} does not match the decoder config: " + "; ".join(problems))
+
+
+def strict_load(decoder: Code2Wav, state: dict[str, torch.Tensor], source: str) -> None:
+    """Load every parameter, after check_shapes."""
+    expected = decoder.state_dict()
+    check_shapes({k: v.shape for k, v in expected.items()}, {k: v.shape for k, v in state.items()}, source)
     decoder.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
 
 
@@ -121,6 +138,13 @@ def load_decoder(model: str | os.PathLike, dtype: torch.dtype = torch.float32) -
         cfg = DecoderConfig.from_json(files.config_path)
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
+    try:
+        with torch.device("meta"):  # the shapes the config implies, checked against the header before anything is allocated
+            skeleton = Code2Wav(cfg)
+    except Exception as e:  # a config the checks above let through that still builds no decoder: name it
+        raise CheckpointError(f"{files.config_path}: no decoder can be built from it: {type(e).__name__}: {e}") from None
+    check_shapes({k: v.shape for k, v in skeleton.state_dict().items()},
+                 decoder_state_dict(read_shapes(files.weights_path), str(files.weights_path)), str(files.weights_path))
     state = decoder_state_dict(read_weights(files.weights_path), str(files.weights_path))
     decoder = Code2Wav(cfg).to(dtype)
     strict_load(decoder, state, str(files.weights_path))

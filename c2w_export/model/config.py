@@ -113,6 +113,8 @@ class DecoderConfig:
         return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+MAX_FLOAT = 3.4028234663852886e38  # float32's largest: the parameters these initialise are float32
+MAX_INT = 2 ** 31 - 1  # a size past this is no decoder's (and overflows the kernels' int32 indexing)
 _POSITIVE_INTS = (
     "codebook_size", "codebook_dim", "latent_dim", "decoder_dim", "hidden_size", "intermediate_size",
     "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "num_quantizers",
@@ -125,13 +127,14 @@ def _validate(c: DecoderConfig) -> None:
         v = getattr(c, name)
         if isinstance(v, bool) or not isinstance(v, int):
             raise ConfigError(f"{name} must be an integer, got {v!r}")
-        if v <= 0:
-            raise ConfigError(f"{name} must be positive, got {v}")
+        if not 0 < v <= MAX_INT:
+            raise ConfigError(f"{name} must be in 1..{MAX_INT}, got {v}")
     for name in ("upsample_rates", "upsampling_ratios"):
         v = getattr(c, name)
-        if not isinstance(v, tuple) or not v or any(isinstance(r, bool) or not isinstance(r, int) or r <= 0 for r in v):
+        if not isinstance(v, tuple) or not v or any(isinstance(r, bool) or not isinstance(r, int) or not 0 < r <= MAX_INT
+                                                    for r in v):
             raise ConfigError(f"{name} must be a non-empty list of positive integers, got {v!r}")
-    if isinstance(c.head_dim, bool) or not isinstance(c.head_dim, int) or c.head_dim < 0:
+    if isinstance(c.head_dim, bool) or not isinstance(c.head_dim, int) or not 0 <= c.head_dim <= MAX_INT:
         raise ConfigError(f"head_dim must be a positive integer, got {c.head_dim!r}")
     if c.head_dim == 0:
         if c.hidden_size % c.num_attention_heads:
@@ -163,10 +166,12 @@ def _validate(c: DecoderConfig) -> None:
         )
     if c.hidden_act != "silu":
         raise ConfigError(f"hidden_act {c.hidden_act!r} is not supported (only 'silu')")
-    for name in ("rope_theta", "rms_norm_eps"):
+    for name in ("rope_theta", "rms_norm_eps", "layer_scale_initial_scale"):
         v = getattr(c, name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise ConfigError(f"{name} must be a positive number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= MAX_FLOAT:
+            raise ConfigError(f"{name} must be a positive number up to {MAX_FLOAT:.4g}, got {v!r}")
+    if not isinstance(c.attention_bias, bool):
+        raise ConfigError(f"attention_bias must be true or false, got {c.attention_bias!r}")
 
 
 PRESETS: dict[str, dict[str, Any]] = {

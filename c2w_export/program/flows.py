@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import operator
 import os
 import sys
@@ -41,6 +42,8 @@ class FlowError(RuntimeError):
 
 QUIET_NATIVE = False  # the CLI sets this: the runtime's native start-up lines (cpuinfo) are kept off stderr
 NATIVE_LOG: list[str] = []  # what the runtime printed natively while it was kept quiet
+_CAPTURE = None  # native_quiet's file
+EXECUTORCH_RAN = False  # this process has loaded an ExecuTorch method: a fork of it would hang there (ship/probe.py)
 
 
 @contextlib.contextmanager
@@ -50,19 +53,28 @@ def native_quiet():
     if not QUIET_NATIVE:
         yield
         return
+    global _CAPTURE
+    if _CAPTURE is None:  # one file for the process: this wraps every call of a program (~10 us each)
+        _CAPTURE = tempfile.TemporaryFile()
     sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as capture:
-        os.dup2(capture.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            capture.seek(0)
-            text = capture.read().decode(errors="replace")
-            if text:
-                NATIVE_LOG.append(text)
+    saved, python_stderr = os.dup(2), sys.stderr
+    os.dup2(_CAPTURE.fileno(), 2)
+    sys.stderr = io.StringIO()  # the runtime's log may also come through Python's sys.stderr
+    try:
+        yield
+    finally:
+        text = sys.stderr.getvalue()
+        sys.stderr = python_stderr
+        os.dup2(saved, 2)
+        os.close(saved)
+        if _CAPTURE.tell():
+            _CAPTURE.seek(0)
+            text += _CAPTURE.read().decode(errors="replace")
+            _CAPTURE.seek(0)
+            _CAPTURE.truncate()
+        if text:
+            NATIVE_LOG.append(text)
+            del NATIVE_LOG[:-100]  # the latest; a long process must not keep every line
 
 
 def runtime():
@@ -85,6 +97,7 @@ class Loaded:
     `runner.Runner` checks inputs against the specs before calling this."""
 
     methods: Sequence[str]
+    source: str = ""  # the file(s) it was loaded from, for messages
 
     def run(self, method: str, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
         raise NotImplementedError
@@ -118,19 +131,24 @@ class ExecuTorchLoaded(Loaded):
     """A .pte (path or bytes) in the ExecuTorch runtime; methods load on preload() or their first call."""
 
     def __init__(self, source: Path | bytes):
-        self.program = runtime().load_program(source if isinstance(source, bytes) else str(source))
+        self.source = "a .pte buffer" if isinstance(source, bytes) else str(source)
+        with native_quiet():  # the runtime logs why a program does not load; the error says it in one line
+            self.program = runtime().load_program(source if isinstance(source, bytes) else str(source))
         self.methods = sorted(self.program.method_names)
         self._methods: dict = {}
 
     def preload(self, methods):
+        global EXECUTORCH_RAN
         for method in methods:
             if method not in self._methods:  # loading a method initialises its delegates (XNNPACK packs the weights)
+                EXECUTORCH_RAN = True
                 with native_quiet():
                     self._methods[method] = self.program.load_method(method)
 
     def run(self, method, inputs):
         self.preload([method])
-        return tuple(self._methods[method].execute(list(inputs)))
+        with native_quiet():
+            return tuple(self._methods[method].execute(list(inputs)))
 
     def io_meta(self, method):
         """From the .pte's method metadata (read without loading the method): sizes are the upper
@@ -365,7 +383,9 @@ def _open_pte(paths: Mapping[str, Path]) -> Loaded:
 
 
 def _open_pt2(paths: Mapping[str, Path]) -> Loaded:
-    return Pt2Loaded({m: torch.export.load(str(p)) for m, p in paths.items()})
+    loaded = Pt2Loaded({m: torch.export.load(str(p)) for m, p in paths.items()})
+    loaded.source = ", ".join(sorted({str(p) for p in paths.values()}))
+    return loaded
 
 
 class LoadEager(Stage):
@@ -441,7 +461,8 @@ class Flow:
         except FlowError:
             raise
         except Exception as e:
-            raise FlowError(f"{self.name}: cannot load {dict(paths)}: {type(e).__name__}: {e}") from e
+            files = ", ".join(sorted({str(p) for p in paths.values()}))
+            raise FlowError(f"{self.name}: cannot load {files}: {type(e).__name__}: {e}") from e
 
 
 FLOWS: dict[str, Flow] = {f.name: f for f in (

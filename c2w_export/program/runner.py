@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ..model.validate import InputError, check_codes, check_tensor
+from ..model.validate import InputError, check_codes, check_tensor, first_non_finite
 from .flows import FlowError, Loaded
 from .variants import HISTORY, MethodSpec
 
@@ -54,10 +54,17 @@ class Runner:
         try:
             out = self.loaded.run(method, inputs)
         except Exception as e:
-            raise FlowError(f"{self.flow}: method {method} failed in its runtime: {type(e).__name__}: {e}") from e
-        want = len(self.specs[method].outputs)
-        if len(out) != want:
-            raise FlowError(f"{self.flow}: method {method} returned {len(out)} outputs, its spec says {want}")
+            raise FlowError(f"{self.flow}: method {method} of {self.loaded.source or 'the program'} failed in its "
+                            f"runtime: {type(e).__name__}: {e}") from e
+        spec = self.specs[method]
+        if len(out) != len(spec.outputs):
+            raise FlowError(f"{self.flow}: method {method} returned {len(out)} outputs, its spec says {len(spec.outputs)}")
+        for y, s in zip(out, spec.outputs):  # audio for an ear, or the state of the next call: never nan or inf
+            idx = first_non_finite(y) if y.is_floating_point() else None
+            if idx is not None:
+                raise FlowError(f"{self.flow}: method {method} of {self.loaded.source or 'the program'} returned a "
+                                f"non-finite value ({float(y[idx])}) in output '{s.name}' at index {idx} (from values its inputs "
+                                f"overflow, or a damaged program)")
         return out
 
 
@@ -88,7 +95,8 @@ class Dispatch:
             try:
                 runner.loaded.preload([m for m, r in self.runners.items() if r is runner])
             except Exception as e:
-                raise FlowError(f"{runner.flow}: loading methods failed: {type(e).__name__}: {e}") from e
+                raise FlowError(f"{runner.flow}: loading the methods of {runner.loaded.source or 'the program'} failed: "
+                                f"{type(e).__name__}: {e}") from e
         if warm:
             for method, runner in self.runners.items():
                 runner.run(method, warm_up_inputs(runner.specs[method]))

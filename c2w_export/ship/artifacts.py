@@ -13,6 +13,7 @@ from ..program.runner import Dispatch, Runner
 from ..program.variants import MethodSpec
 from . import manifest as mf
 from .contract import manifest_problems, program_problems
+from .probe import probe_program
 
 
 class ArtifactError(RuntimeError):
@@ -46,7 +47,7 @@ class Artifacts:
         for rel, entry in self.files().items():
             path = self.root / rel
             if not path.is_file():
-                problems.append(f"missing artifact file {rel}")
+                problems.append(f"missing artifact file {rel} (named in {mf.MANIFEST})")
                 continue
             size = path.stat().st_size
             if size != entry["bytes"]:
@@ -57,7 +58,7 @@ class Artifacts:
             if "bundle" in p:
                 b = self.root / p["bundle"]["path"]
                 if not b.is_file():
-                    problems.append(f"missing bundle file {p['bundle']['path']}")
+                    problems.append(f"missing bundle file {p['bundle']['path']} (named in {mf.MANIFEST})")
                 elif sha256_file(b) != p["bundle"]["sha256"]:
                     problems.append(f"{p['bundle']['path']}: sha256 mismatch (corrupted or modified)")
         return problems
@@ -68,8 +69,10 @@ class Artifacts:
         if problems:
             raise ArtifactError("; ".join(problems))
 
-    def programs(self) -> Dispatch:
-        """Load every program file in its own runtime, behind checked runners (call check_files first)."""
+    def programs(self, probe: bool = True) -> Dispatch:
+        """Load every program file in its own runtime, behind checked runners (call check_files first).
+        With `probe`, each ExecuTorch file is first loaded and run in a child process (ship/probe.py):
+        one that kills or hangs its runtime is refused naming the file, and never runs here."""
         by_file: dict[str, list[dict]] = {}
         for p in self.manifest["programs"]:
             by_file.setdefault(p["path"], []).append(p)
@@ -77,6 +80,11 @@ class Artifacts:
         for rel, entries in by_file.items():
             flow = get_flow(entries[0]["backend"])
             methods = [e["method"] for e in entries]
+            if probe and rel.endswith(".pte"):
+                why = probe_program(self.root / rel, {m: self.specs[m] for m in methods})
+                if why:
+                    raise ArtifactError(f"{self.root / rel}: {why} when loaded and run once in a child process; "
+                                        f"not run here (damaged behind a manifest that matches it?)")
             loaded = flow.open({m: self.root / rel for m in methods})
             r = Runner(flow.name, loaded, {m: self.specs[m] for m in methods}, self.decode["codebook_size"])
             runners.update({m: r for m in methods})

@@ -34,7 +34,7 @@ class Decoded:
     ramp: list[int]
     steps: list[Step]  # the chunk schedule that was run
     seconds: list[float]  # compute time per step (every method loaded before the first)
-    load_seconds: float  # loading every method and one warm-up call each: the cold start
+    load_seconds: float  # the cold start: the child-process probe of each .pte, then loading every method and one warm-up call each
 
     @property
     def audio_seconds(self) -> float:
@@ -83,7 +83,8 @@ def _choose(art: Artifacts, variant: str | None, ramp: Sequence[int] | None) -> 
 def open_stream(artifacts: str | Path | Artifacts, variant: str | None = None,
                 ramp: Sequence[int] | None = None) -> tuple[StreamDecoder, float]:
     """An incremental decoder over the shipped programs, every method loaded and warmed up (one
-    call at its largest chunk), after re-hashing every file. Returns it and the load seconds.
+    call at its largest chunk), after re-hashing every file and running each .pte once in a child
+    process (ship/probe.py). Returns it and the load seconds (the probe included).
     Pushed codes are checked (InputError) before they reach a program."""
     art = artifacts if isinstance(artifacts, Artifacts) else open_artifacts(artifacts)
     art.require_files()

@@ -52,7 +52,8 @@ def read_codes(path: str | Path) -> torch.Tensor:
     except InputError:
         raise
     except Exception as e:
-        raise InputError(f"cannot read codes from {path}: {type(e).__name__}: {e}") from None
+        why = str(e).split("WeightsUnpickler error:")[-1].strip().splitlines()  # torch's pickle refusal: its reason
+        raise InputError(f"cannot read codes from {path}: {type(e).__name__}: {why[0] if why else ''}") from None
     if not isinstance(codes, torch.Tensor):
         raise InputError(f"{path} must hold a single tensor, got {type(codes).__name__}")
     if codes.dtype != torch.int64:
