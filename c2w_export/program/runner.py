@@ -54,18 +54,24 @@ class Runner:
         try:
             out = self.loaded.run(method, inputs)
         except Exception as e:
-            raise FlowError(f"{self.flow}: method {method} of {self.loaded.source or 'the program'} failed in its "
-                            f"runtime: {type(e).__name__}: {e}") from e
+            raise FlowError(f"{self.flow}: method {method}{_of(self.loaded)} failed in its runtime: "
+                            f"{type(e).__name__}: {e}") from e
         spec = self.specs[method]
         if len(out) != len(spec.outputs):
             raise FlowError(f"{self.flow}: method {method} returned {len(out)} outputs, its spec says {len(spec.outputs)}")
         for y, s in zip(out, spec.outputs):  # audio for an ear, or the state of the next call: never nan or inf
             idx = first_non_finite(y) if y.is_floating_point() else None
             if idx is not None:
-                raise FlowError(f"{self.flow}: method {method} of {self.loaded.source or 'the program'} returned a "
+                raise FlowError(f"{self.flow}: method {method}{_of(self.loaded)} returned a "
                                 f"non-finite value ({float(y[idx])}) in output '{s.name}' at index {idx} (from values its inputs "
                                 f"overflow, or a damaged program)")
         return out
+
+
+def _of(loaded: Loaded) -> str:
+    """' of <file>' when the program knows the file it was loaded from, for messages."""
+    source = getattr(loaded, "source", "")
+    return f" of {source}" if source else ""
 
 
 def warm_up_inputs(spec: MethodSpec) -> list[Tensor]:
@@ -95,7 +101,7 @@ class Dispatch:
             try:
                 runner.loaded.preload([m for m, r in self.runners.items() if r is runner])
             except Exception as e:
-                raise FlowError(f"{runner.flow}: loading the methods of {runner.loaded.source or 'the program'} failed: "
+                raise FlowError(f"{runner.flow}: loading methods{_of(runner.loaded)} failed: "
                                 f"{type(e).__name__}: {e}") from e
         if warm:
             for method, runner in self.runners.items():
