@@ -14,11 +14,12 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from c2w_export.program.codes import PATTERNS, code_window, random_codes
+from c2w_export.program.codes import random_codes
 from c2w_export.program.compare import Diff
+from c2w_export.program.flows import FLOWS
 from c2w_export.program.variants import initial_state  # noqa: F401 (re-exported for tests)
 
-ALL_FLOWS = ("eager", "torch_export", "executorch_xnnpack", "executorch_portable")
+ALL_FLOWS = tuple(FLOWS)  # every flow, in the registry's order (the --backends default)
 # reduced-precision programs under test: id -> (flow, precision); each id is an xdist group of its own
 PRECISION_FLOWS = {"xnnpack_fp16": ("executorch_xnnpack", "fp16"), "xnnpack_int8": ("executorch_xnnpack", "int8-tail")}
 
@@ -160,6 +161,22 @@ def manifest_edit(edit):
     return apply
 
 
+def rehash(root: Path, rel: str) -> None:
+    """Record `rel`'s current bytes in root's manifest: the loosened manifest of a swapped or damaged
+    file, so the runtime itself reads the bytes instead of the hash check refusing them."""
+    import hashlib
+
+    data = (root / rel).read_bytes()
+
+    def edit(m):
+        for p in m["programs"]:
+            if p["path"] == rel:
+                p["sha256"], p["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+            if p.get("bundle", {}).get("path") == rel:
+                p["bundle"]["sha256"] = hashlib.sha256(data).hexdigest()
+    manifest_edit(edit)(root)
+
+
 # ---------------------------------------------------------------- selection and tables
 def selected_flows(config) -> list[str]:
     return [f for f in config.getoption("--backends").split(",") if f]
@@ -246,14 +263,7 @@ class ProgramCache:
 
 
 # ---------------------------------------------------------------- Hypothesis strategies
-seeds = st.integers(min_value=0, max_value=2**31 - 1)
-patterns = st.sampled_from(PATTERNS)
-
-
-@st.composite
-def code_windows(draw, q: int, t: int, codebook_size: int):
-    """int64 [1, q, t]: uniform, all 0, all codebook_size-1, repeated-frame runs, or one hot spot."""
-    return code_window(draw(patterns), q, t, codebook_size, draw(seeds))
+from c2w_export.conformance.strategies import code_windows, patterns, seeds  # noqa: E402,F401  (re-exported)
 
 
 def ramps(max_chunk: int = 25):

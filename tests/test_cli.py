@@ -80,10 +80,10 @@ def test_verify_bundle_and_method_rows(et_artifacts, copy_of):
     over and the bundles after it still run; a manifest that records more vectors than the .bpte
     holds fails that method's row with the runtime's error, and the other method still passes."""
     from c2w_export.ship.artifacts import open_artifacts
-    from c2w_export.ship.verify import check_method_names, verify_bundles
+    from c2w_export.ship.checks import Subject, method_rows, verify_bundles
 
     art = open_artifacts(et_artifacts)
-    assert [(r.target, r.passed, r.detail) for r in check_method_names(art, art.programs())] == [
+    assert [(r.target, r.passed, r.detail) for r in method_rows(Subject(et_artifacts), "code2wav.pte")] == [
         ("code2wav.pte", True, "2 method(s) by name")]
     second = art.manifest["programs"][1]["method"]
     rows = verify_bundles(art)

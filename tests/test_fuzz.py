@@ -16,7 +16,6 @@ in REGRESSIONS, run as an explicit case on every run.
 from __future__ import annotations
 
 import copy
-import hashlib
 import io
 import json
 import math
@@ -32,7 +31,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from helpers import CleanRunner, cases, cli_in_process, manifest_edit
+from helpers import CleanRunner, cases, cli_in_process, manifest_edit, rehash
 
 OUTCOMES: Counter = Counter()  # (surface, outcome) -> cases, for reports/fuzz.md (C2W_FUZZ_RAW)
 FRAMES = 5  # frames of the codes decode runs on: 3 chunks of the ramp [2]
@@ -131,16 +130,7 @@ class Case:
         return self.run(["verify", "--artifacts", str(self.root), "--windows", "1", *model, *extra])
 
     def rehash(self, rel: str) -> None:
-        """Record `rel`'s current bytes in the manifest: the loosened manifest of a swapped or damaged
-        file, so the runtime itself reads the bytes instead of the hash check refusing them."""
-        data = (self.root / rel).read_bytes()
-        m = json.loads((self.root / "manifest.json").read_text())
-        for p in m["programs"]:
-            if p["path"] == rel:
-                p["sha256"], p["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
-            if p.get("bundle", {}).get("path") == rel:
-                p["bundle"]["sha256"] = hashlib.sha256(data).hexdigest()
-        (self.root / "manifest.json").write_text(json.dumps(m))
+        rehash(self.root, rel)
 
 
 def clean(result, names: tuple[str, ...], what: str) -> int:

@@ -15,7 +15,7 @@ from c2w_export.program.compare import compare
 from c2w_export.program.streaming import stream_stateful
 from c2w_export.report import golden as gd
 from helpers import ALL_FLOWS, ProgramCache, initial_state, numerics_row, require_flow
-from upstream import Oracle
+from c2w_export.conformance.upstream import Oracle
 
 GOLDEN_DIR = __import__("pathlib").Path(__file__).parent / "golden"
 STRESS = "tiny_stress_seed0"

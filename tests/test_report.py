@@ -36,3 +36,16 @@ def test_a_goal_the_run_did_not_measure_is_not_passed():
     got = _verdicts(_goals(extra))
     assert got["first chunk after load / warm call"] == "not measured in this run"
     assert got["dynamic / static call, chunks 1, 2, 25"] == "no"
+
+
+def test_the_tolerance_table_in_docs_is_the_installed_one(monkeypatch):
+    """docs/gate.md holds program/tolerances.py's table as it is; a changed entry makes them differ."""
+    from pathlib import Path
+
+    from c2w_export.program import tolerances as t
+
+    doc = (Path(__file__).parents[1] / "docs" / "gate.md").read_text()
+    table = doc.split("<!-- tolerance-table: program/tolerances.markdown_table() -->\n")[1].split("\n<!-- /tolerance-table -->")[0]
+    assert table == t.markdown_table(), "docs/gate.md's tolerance table is stale: paste markdown_table() into it"
+    monkeypatch.setitem(t.TOLERANCES, ("eager", "float32"), t.Tolerance(1.0, 1.0, "a deliberate change"))
+    assert table != t.markdown_table()

@@ -12,7 +12,7 @@ from c2w_export.model.checkpoint import decoder_state_dict
 from c2w_export.program.codes import code_window
 from c2w_export.program.compare import compare
 from c2w_export.program.tolerances import tolerance
-from upstream import Oracle, upstream_decoder
+from c2w_export.conformance.upstream import Oracle, upstream_decoder
 
 ATTN = ("eager", "sdpa")
 

@@ -183,17 +183,28 @@ class StreamDecoder:
 
 
 def stream_stateful(run: RunFn, initial_state: Sequence[Tensor], codes: Tensor, hop: int,
-                    ramp: Sequence[int] = DEFAULT_RAMP) -> StreamResult:
-    """codes int64 [1, Q, T] through the `stateful` method, state fed back -> [1, T*hop]."""
-    dec = StreamDecoder(run, "stateful", hop, ramp, state=initial_state)
-    return dec.result(list(dec.stream([codes])))
+                    ramp: Sequence[int] = DEFAULT_RAMP, calls: Sequence[int] | None = None) -> StreamResult:
+    """codes int64 [1, Q, T] through the `stateful` method, state fed back -> [1, T*hop]; in the
+    ramp's chunk sizes, or exactly in `calls` (chunk sizes in any order, summing to T) when given."""
+    dec = StreamDecoder(run, "stateful", hop, [max(calls)] if calls else ramp, state=initial_state)
+    return dec.result(list(dec.stream(_pieces(codes, calls))))
 
 
 def stream_windowed(run: RunFn, codes: Tensor, hop: int, context: int,
-                    ramp: Sequence[int] = DEFAULT_RAMP) -> StreamResult:
-    """codes int64 [1, Q, T] through the `windowed` method -> [1, T*hop]."""
-    dec = StreamDecoder(run, "windowed", hop, ramp, context)
-    return dec.result(list(dec.stream([codes])))
+                    ramp: Sequence[int] = DEFAULT_RAMP, calls: Sequence[int] | None = None) -> StreamResult:
+    """codes int64 [1, Q, T] through the `windowed` method -> [1, T*hop] (`ramp`, `calls`: as
+    stream_stateful)."""
+    dec = StreamDecoder(run, "windowed", hop, [max(calls)] if calls else ramp, context)
+    return dec.result(list(dec.stream(_pieces(codes, calls))))
+
+
+def _pieces(codes: Tensor, calls: Sequence[int] | None) -> list[Tensor]:
+    """codes cut into pushes of `calls` frames (each decoded in one call of its size); else whole."""
+    if not calls:
+        return [codes]
+    if sum(calls) != codes.shape[-1] or min(calls) < 1:
+        raise ValueError(f"calls {list(calls)} must be positive and sum to the stream's {codes.shape[-1]} frames")
+    return list(torch.split(codes, list(calls), dim=-1))
 
 
 def ramp_reason(ramp: Sequence[int]) -> str:
@@ -242,8 +253,10 @@ def steady_tolerance(decoder: Code2Wav, context: int) -> Tolerance:
 
 def stream_check(decoder: Code2Wav, run: RunFn, variants: Sequence[str], ramp: Sequence[int], context: int,
                  frames: int, seed: int, gate: Tolerance, own: RunFn | None = None,
-                 own_gate: Tolerance | None = None, own_name: str = "own reference") -> list[StreamCheck]:
-    """A whole stream of `frames` random frames through the programs behind `run`:
+                 own_gate: Tolerance | None = None, own_name: str = "own reference",
+                 calls: Sequence[int] | None = None) -> list[StreamCheck]:
+    """A whole stream of `frames` random frames through the programs behind `run`, in the ramp's
+    chunk sizes or exactly in `calls` (any order, summing to `frames`: an irregular stream):
 
     - stateful: vs the offline decode, at `gate`;
     - windowed: vs the eager windowed stream (same window builder: catches exporter bugs) at
@@ -262,8 +275,8 @@ def stream_check(decoder: Code2Wav, run: RunFn, variants: Sequence[str], ramp: S
     for v in variants:
         def through(r: RunFn) -> Tensor:
             if v == "stateful":
-                return stream_stateful(r, initial_state(decoder), codes, cfg.hop, ramp).wav
-            return stream_windowed(r, codes, cfg.hop, context, ramp).wav
+                return stream_stateful(r, initial_state(decoder), codes, cfg.hop, ramp, calls).wav
+            return stream_windowed(r, codes, cfg.hop, context, ramp, calls).wav
 
         got = through(run)
         if own is not None:
@@ -271,8 +284,8 @@ def stream_check(decoder: Code2Wav, run: RunFn, variants: Sequence[str], ramp: S
         if v == "stateful":
             out.append(StreamCheck("stateful", "offline decode", compare(got, offline), gate))
             continue
-        eager = ModuleLoaded({method_name("windowed"): make_variant(decoder, "windowed", max(ramp), context)})
-        ref = stream_windowed(eager.run, codes, cfg.hop, context, ramp).wav
+        eager = ModuleLoaded({method_name("windowed"): make_variant(decoder, "windowed", max(calls or ramp), context)})
+        ref = stream_windowed(eager.run, codes, cfg.hop, context, ramp, calls).wav
         out.append(StreamCheck("windowed", "eager windowed stream", compare(got, ref), gate))
         start = min(context, frames) * cfg.hop
         if start:

@@ -203,3 +203,12 @@ def _for_arithmetic(entry, arithmetic: str | None):
     from ..env import fp16_arithmetic
 
     return entry[arithmetic or fp16_arithmetic()]
+
+
+def markdown_table() -> str:
+    """TOLERANCES as a markdown table (docs/gate.md holds it; a test keeps the two equal)."""
+    rows = ["| gate | precision | arithmetic | max abs | min SNR dB | why (what was measured) |", "|---|---|---|---|---|---|"]
+    for (name, key), entry in TOLERANCES.items():
+        for arithmetic, t in (entry.items() if isinstance(entry, dict) else [("any", entry)]):
+            rows.append(f"| {name} | {key} | {arithmetic} | {t.max_abs:g} | {t.min_snr_db:g} | {t.why.replace('|', '/')} |")
+    return "\n".join(rows)

@@ -34,34 +34,33 @@ class Artifacts:
         """{relative path: program entry} (one entry per file)."""
         return {p["path"]: p for p in self.manifest["programs"]}
 
+    def named_files(self) -> list[str]:
+        """Every file the manifest names: the program files, then the bundles."""
+        bundles = [p["bundle"]["path"] for p in self.manifest["programs"] if "bundle" in p]
+        return [*self.files(), *dict.fromkeys(bundles)]
+
+    def file_of(self, method: str) -> str:
+        """The program file holding `method`."""
+        return next(p["path"] for p in self.manifest["programs"] if p["method"] == method)
+
+    def file_problems(self, rel: str) -> list[str]:
+        """File `rel` against the manifest: inside the directory (a symlink may not lead out of it:
+        a planted file elsewhere), present, its size (program files) and sha256."""
+        path, inside = self.root / rel, self.root.resolve()
+        if path.exists() and inside not in path.resolve().parents:
+            return [f"{rel} resolves to {path.resolve()}, outside the artifacts directory"]
+        entry = self.files().get(rel)
+        if not path.is_file():
+            return [f"missing {'artifact' if entry else 'bundle'} file {rel} (named in {mf.MANIFEST})"]
+        if entry and path.stat().st_size != entry["bytes"]:
+            return [f"{rel}: {path.stat().st_size} bytes, manifest says {entry['bytes']} (truncated or replaced)"]
+        want = entry["sha256"] if entry else next(p["bundle"]["sha256"] for p in self.manifest["programs"]
+                                                  if p.get("bundle", {}).get("path") == rel)
+        return [] if sha256_file(path) == want else [f"{rel}: sha256 mismatch (corrupted or modified)"]
+
     def check_files(self) -> list[str]:
-        """Re-hash every file -> list of problems (empty when all match)."""
-        problems = []
-        inside = self.root.resolve()
-        named = [*self.files(), *(p["bundle"]["path"] for p in self.manifest["programs"] if "bundle" in p)]
-        for rel in named:  # a symlink may not lead out of the directory (a planted file elsewhere)
-            if (self.root / rel).exists() and inside not in (self.root / rel).resolve().parents:
-                problems.append(f"{rel} resolves to {(self.root / rel).resolve()}, outside the artifacts directory")
-        if problems:
-            return problems
-        for rel, entry in self.files().items():
-            path = self.root / rel
-            if not path.is_file():
-                problems.append(f"missing artifact file {rel} (named in {mf.MANIFEST})")
-                continue
-            size = path.stat().st_size
-            if size != entry["bytes"]:
-                problems.append(f"{rel}: {size} bytes, manifest says {entry['bytes']} (truncated or replaced)")
-            elif sha256_file(path) != entry["sha256"]:
-                problems.append(f"{rel}: sha256 mismatch (corrupted or modified)")
-        for p in self.manifest["programs"]:
-            if "bundle" in p:
-                b = self.root / p["bundle"]["path"]
-                if not b.is_file():
-                    problems.append(f"missing bundle file {p['bundle']['path']} (named in {mf.MANIFEST})")
-                elif sha256_file(b) != p["bundle"]["sha256"]:
-                    problems.append(f"{p['bundle']['path']}: sha256 mismatch (corrupted or modified)")
-        return problems
+        """Every named file's problems (empty when all match)."""
+        return [problem for rel in self.named_files() for problem in self.file_problems(rel)]
 
     def require_files(self) -> None:
         """check_files, raising ArtifactError with every problem."""
@@ -69,25 +68,26 @@ class Artifacts:
         if problems:
             raise ArtifactError("; ".join(problems))
 
+    def open_file(self, rel: str, probe: bool = True) -> dict[str, Runner]:
+        """{method: Runner} of program file `rel`, loaded in its runtime behind a checked runner
+        (check its hash first). With `probe`, an ExecuTorch file is first loaded and run in a child
+        process (ship/probe.py): one that kills or hangs its runtime is refused naming the file, and
+        never runs here."""
+        entries = [p for p in self.manifest["programs"] if p["path"] == rel]
+        flow = get_flow(entries[0]["backend"])
+        specs = {e["method"]: self.specs[e["method"]] for e in entries}
+        if probe and rel.endswith(".pte"):
+            why = probe_program(self.root / rel, specs)
+            if why:
+                raise ArtifactError(f"{self.root / rel}: {why} when loaded and run once in a child process; "
+                                    f"not run here (damaged behind a manifest that matches it?)")
+        loaded = flow.open({m: self.root / rel for m in specs})
+        runner = Runner(flow.name, loaded, specs, self.decode["codebook_size"])
+        return {m: runner for m in specs}
+
     def programs(self, probe: bool = True) -> Dispatch:
-        """Load every program file in its own runtime, behind checked runners (call check_files first).
-        With `probe`, each ExecuTorch file is first loaded and run in a child process (ship/probe.py):
-        one that kills or hangs its runtime is refused naming the file, and never runs here."""
-        by_file: dict[str, list[dict]] = {}
-        for p in self.manifest["programs"]:
-            by_file.setdefault(p["path"], []).append(p)
-        runners = {}
-        for rel, entries in by_file.items():
-            flow = get_flow(entries[0]["backend"])
-            methods = [e["method"] for e in entries]
-            if probe and rel.endswith(".pte"):
-                why = probe_program(self.root / rel, {m: self.specs[m] for m in methods})
-                if why:
-                    raise ArtifactError(f"{self.root / rel}: {why} when loaded and run once in a child process; "
-                                        f"not run here (damaged behind a manifest that matches it?)")
-            loaded = flow.open({m: self.root / rel for m in methods})
-            r = Runner(flow.name, loaded, {m: self.specs[m] for m in methods}, self.decode["codebook_size"])
-            runners.update({m: r for m in methods})
+        """Every program file opened (open_file), its metadata checked against the manifest."""
+        runners = {m: r for rel in self.files() for m, r in self.open_file(rel, probe).items()}
         refuse(self.root, program_problems(self.manifest, self.specs, {m: r.loaded for m, r in runners.items()}))
         return Dispatch(runners)
 

@@ -1,8 +1,9 @@
-"""The upstream qwen-tts 12 Hz decoder as a test-only oracle, loaded without importing `qwen_tts`.
+"""The upstream qwen-tts 12 Hz decoder as an oracle, loaded without importing `qwen_tts`.
 
 `import qwen_tts` runs its package __init__, which needs librosa/gradio. We find the installed
 package on disk and register `core/tokenizer_12hz` as a package of its own. The oracle is part of
-the gate (tox -e parity installs it); it is never a dependency of c2w_export.
+the gate (tox -e parity installs it) and of the conformance checks when it is installed; it is never
+a dependency of c2w_export.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 PACKAGE = "_qwen_tts_tokenizer_12hz"
 INSTALL = "pip install --no-deps qwen-tts==0.1.1 transformers==4.57.3 (tox -e parity does)"
@@ -72,3 +74,25 @@ class Oracle:
         window without its absent frames (the first context - history), after the history."""
         history = context if history is None else history
         return self.offline(codes[:, :, context - history:])[:, history * self.hop:]
+
+    def variant(self, variant: str, context: int) -> "OracleVariant":
+        """Upstream as a variant module (check_method's reference): see OracleVariant."""
+        return OracleVariant(self, variant, context)
+
+
+class OracleVariant:
+    """Upstream's decode called like a variant module: windowed (codes, history) -> wav of the
+    window's last frames; stateful (codes, seen) -> (wav of the new frames, seen + codes), its state
+    being the codes so far (upstream has no streaming state: each call decodes the whole stream)."""
+
+    def __init__(self, oracle: Oracle, variant: str, context: int):
+        self.oracle, self.variant, self.context = oracle, variant, context
+
+    def initial_state(self) -> tuple[Tensor, ...]:
+        return () if self.variant == "windowed" else (torch.zeros(1, 0, 0, dtype=torch.int64),)
+
+    def __call__(self, codes: Tensor, *rest: Tensor):
+        if self.variant == "windowed":
+            return self.oracle.window(codes, self.context, int(rest[0]))
+        seen = codes if rest[0].numel() == 0 else torch.cat([rest[0], codes], dim=-1)
+        return self.oracle.offline(seen)[:, -codes.shape[-1] * self.oracle.hop:], seen

@@ -1,0 +1,66 @@
+"""Repository-wide pytest set-up for this repo's own suite (fixtures stay in tests/conftest.py):
+
+- the conformance plugin (c2w_export.conformance.plugin; `-p` in pyproject's addopts loads it
+  even where entry-point plugins are disabled) and pytester, with which tests/ checks the plugin;
+- the options: --model (path or hub id; default: a tiny synthetic checkpoint generated once per
+  session), --preset (tiny|real, when no --model), --ramp, --context, --backends, --real (opt in to
+  real-size tests), --bench (run benchmarks), --check-baseline, --save-baseline;
+- the Hypothesis profiles: dev (default), ci (CI=true), fuzz (tox -e fuzz: 50x ci);
+- one lowering cache per session.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("dev", max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.register_profile("fuzz", parent=settings.get_profile("ci"), max_examples=50 * 20)  # tox -e fuzz: 50x ci
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_addoption(parser):
+    from c2w_export.program.flows import FLOWS
+
+    g = parser.getgroup("c2w-export")
+    g.addoption("--model", default=None, help="model dir or hub id (default: tiny synthetic, generated)")
+    g.addoption("--preset", default="tiny", choices=["tiny", "real"], help="synthetic preset when no --model")
+    g.addoption("--ramp", default="1,2,4,8,16,25", help="comma-separated chunk sizes")
+    g.addoption("--context", type=int, default=72, help="windowed left context frames")
+    g.addoption("--backends", default=",".join(FLOWS), help="comma-separated flows to test")
+    g.addoption("--real", action="store_true", help="also run real-size (slow) tests")
+    g.addoption("--bench", action="store_true", help="run benchmarks (tests/bench)")
+    g.addoption("--check-baseline", action="store_true",
+                help="fail the run when a flow's max abs grew > 10x against reports/numerics-baseline.json (tox -e parity)")
+    g.addoption("--save-baseline", action="store_true",
+                help="write reports/numerics-baseline.json from this run (a complete run only)")
+
+
+def pytest_configure(config):
+    """One lowering cache per session (program/lowering.py), shared by the xdist workers and the CLI
+    processes they start, so each distinct method program is lowered once; removed at the end, never
+    reused by another session. A C2W_LOWER_CACHE set by the caller is used as it is; real-size runs
+    (--real: the reference env; --preset real: bench-real) have none."""
+    from c2w_export.program.lowering import CACHE_ENV
+
+    real = config.getoption("--real", False) or config.getoption("--preset", "tiny") == "real"
+    if hasattr(config, "workerinput") or os.environ.get(CACHE_ENV) or real:
+        # real-size runs lower each program once: a cache would only write 457 MB per method, and
+        # serialize and recombine each lowered method in memory (bench-real: past 24 GiB)
+        return
+    config.c2w_lower_cache = tempfile.mkdtemp(prefix="c2w-lower-cache-")
+    os.environ[CACHE_ENV] = config.c2w_lower_cache
+
+
+def pytest_unconfigure(config):
+    from c2w_export.program.lowering import CACHE_ENV
+
+    path = getattr(config, "c2w_lower_cache", None)
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
+        os.environ.pop(CACHE_ENV, None)
