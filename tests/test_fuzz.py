@@ -31,7 +31,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from helpers import CleanRunner, cases, cli_in_process, manifest_edit, rehash
+from helpers import CleanRunner, cases, cli_in_process, manifest_edit, rehash, seeds
 
 OUTCOMES: Counter = Counter()  # (surface, outcome) -> cases, for reports/fuzz.md (C2W_FUZZ_RAW)
 FRAMES = 5  # frames of the codes decode runs on: 3 chunks of the ramp [2]
@@ -420,18 +420,25 @@ def test_pushed_codes(opened):
     fresh, _ = open_stream(art)
     expected = torch.cat([*fresh.push(good), *fresh.finish()], dim=-1)
 
+    size = art.decode["codebook_size"]
+
     @given(st.data())
     def run(data):
         stream, _ = open_stream(art)
-        bad, kind = _odd_tensor(data, good[:, :, :2])
+        frames, seed = data.draw(st.integers(1, 6), label="frames"), data.draw(seeds, label="seed")
+        like = torch.randint(0, size, (1, good.shape[1], frames), generator=torch.Generator().manual_seed(seed))
+        bad, kind = _odd_tensor(data, like)
         if kind == "same":
-            bad = bad[:, :, :0]  # no frames
+            kind = data.draw(st.sampled_from(["empty", "out-of-range", "valid"]), label="codes")
+            if kind == "empty":
+                bad = bad[:, :, :0]
+            elif kind == "out-of-range":
+                bad.view(-1)[data.draw(st.integers(0, bad.numel() - 1))] = data.draw(st.sampled_from([-1, size, 2**40]))
         outcome = _refused_cleanly(lambda: stream.push(bad), f"push ({kind})")
-        if outcome == "ran" and kind != "same":
-            stream.push(bad)  # accepted: then it is part of the stream, nothing to compare
-        else:
-            got = torch.cat([*stream.push(good), *stream.finish()], dim=-1)
-            assert torch.equal(got, expected), f"a refused push ({kind}) changed the stream"
+        if outcome == "ran" and kind != "empty":
+            return record("pushed codes", outcome)  # accepted: part of the stream now, nothing to compare
+        got = torch.cat([*stream.push(good), *stream.finish()], dim=-1)
+        assert torch.equal(got, expected), f"a refused push ({kind}) changed the stream"
         record("pushed codes", outcome)
     run()
 
@@ -573,6 +580,8 @@ REGRESSIONS = [
      "codebook_size must be in 1..2147483647"),
     ("config-codebook-size-1-lists-mismatches", _config(codebook_size=1), "verify",
      "does not match the decoder config: 32 shape mismatches"),
+    ("manifest-tolerance-why-deleted", lambda case: manifest_edit(lambda m: m["programs"][0]["tolerance"].pop("why"))(
+        case.root), "verify-warns", "$.programs[0].tolerance.why"),
 ]
 
 FIXES = {  # case -> how it was fixed (reports/fuzz.md)
@@ -599,6 +608,9 @@ FIXES = {  # case -> how it was fixed (reports/fuzz.md)
                                "attention_bias is a bool; a decoder the config still cannot build is one line naming "
                                "config.json",
     "config-layer-scale-1e308": "as above (it overflowed the float32 parameter it initialises)",
+    "manifest-tolerance-why-deleted": "verify read the recorded tolerance with Tolerance(**...) and raised a TypeError "
+                                      "traceback; it reads the two numbers the schema requires, and `why` is marked a "
+                                      "record in the schema (a WARN row when absent)",
     "decode-variant-both": "argparse errors in one line (cli._Parser)",
     "verify-windows-minus-one": "--windows (and --runs) take 1..1000; it was 'max() arg is an empty sequence'",
 }
@@ -614,6 +626,10 @@ def test_counterexamples_found(clean_cli, et_artifacts, model_dir, damage, comma
             assert not case.wav.exists()
         if commands == "verify-by-manifest":  # the model the manifest names
             case.model = None
+        if commands == "verify-warns":  # nothing wrong that a reader needs: it passes, and says what is absent
+            rc, out, err = case.verify()
+            assert clean((rc, out, err), ("manifest.json",), "verify") == 0 and says in out and "WARN" in out, out + err
+            return
         if "verify" in commands:
             rc, out, err = case.verify()
             assert clean((rc, out, err), (PTE, "config.json", "model.safetensors", "manifest.json"), "verify") in (1, 2), out

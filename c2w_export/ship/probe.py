@@ -10,9 +10,10 @@ which meets them again and reports them itself.
 
 The child is a fork of this process (fast: the imports are done). Once this process has loaded an
 ExecuTorch method, a fork that runs one hangs (measured: the runtime's threads are not in the
-child), so from then on the child only loads the file and its methods, or the bundle: in such a
-process (a test session, an app that opens artifacts twice) a file that crashes only when run is
-not caught here. The CLI's verify and decode are fresh processes: they get the full check.
+child), so from then on the probe's child only loads the file and its methods, and `verify` runs the
+bundled vectors in this process: in such a process (a test session, an app that opens artifacts
+twice) a file that crashes only when run is not caught here. The CLI's verify and decode are fresh
+processes: they get the full check.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _run_program(path: str, specs: Mapping[str, MethodSpec], run: bool) -> None:
         loaded.run(method, [x.contiguous() for x in warm_up_inputs(spec)])
 
 
-def _child(path: str, specs: Mapping[str, MethodSpec], run: bool) -> None:
+def _probe(path: str, specs: Mapping[str, MethodSpec], run: bool) -> None:
     flows.QUIET_NATIVE = True
     try:
         with flows.native_quiet():
@@ -69,23 +70,18 @@ def probe_program(path: Path, specs: Mapping[str, MethodSpec], timeout: float = 
     """Load and run every method of `specs` {method: spec} of the .pte at `path` once (only load them
     once this process has run a method) in a child -> None when the child lived, else why it did
     not (a signal, or no end within `timeout`)."""
-    flows.runtime()  # imported here once (~3 s), so the child starts with it
     run = not flows.EXECUTORCH_RAN  # see the module's docstring
-    pid = os.fork()  # not multiprocessing: a daemonic process may not start one, and nothing is pickled
-    if pid == 0:
-        try:
-            _child(str(path), dict(specs), run)
-        finally:
-            os._exit(0)
-    return _wait(pid, timeout)
+    return in_child(_probe, str(path), dict(specs), run, timeout=timeout)[1]
 
 
 def in_child(fn, *args, timeout: float = TIMEOUT_S) -> tuple[object, str | None]:
     """fn(*args) -> a JSON value, computed in a child -> (value, None), or (None, why the child did
-    not finish). For work whose damage may not crash the same way twice (a bundle's vectors read
-    where a flipped offset points), so this process never runs it. Only while this process has run
-    no ExecuTorch method (the caller checks flows.EXECUTORCH_RAN)."""
-    flows.runtime()
+    not finish: a signal, no end within `timeout`, or a Python error). For work whose damage may
+    not crash the same way twice (a bundle's vectors read where a flipped offset points), so this
+    process never runs it. Once this process has run an ExecuTorch method, `fn` may only load (the
+    callers check flows.EXECUTORCH_RAN). A fork, not multiprocessing: a daemonic process may not
+    start one, and nothing is pickled."""
+    flows.runtime()  # imported here once (~3 s), so the child starts with it
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         pid = os.fork()
