@@ -8,7 +8,6 @@ collects nothing."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path

@@ -49,3 +49,16 @@ def test_the_tolerance_table_in_docs_is_the_installed_one(monkeypatch):
     assert table == t.markdown_table(), "docs/gate.md's tolerance table is stale: paste markdown_table() into it"
     monkeypatch.setitem(t.TOLERANCES, ("eager", "float32"), t.Tolerance(1.0, 1.0, "a deliberate change"))
     assert table != t.markdown_table()
+
+
+def test_the_frontier_writes_a_row_per_precision(model_dir, tmp_path):
+    """report/frontier.py end to end on tiny (tox -e frontier runs it at real size): a built precision's
+    row with its numbers, and one that cannot be built with why."""
+    from c2w_export.report import frontier
+
+    out = tmp_path / "frontier.md"
+    assert frontier.main(["--model", model_dir, "--out", str(out), "--precisions", "fp32", "int8-linears",
+                          "--chunks", "1", "4", "--frames", "6"]) == 0
+    rows = {line.split(" | ")[0]: line for line in out.read_text().splitlines() if line.startswith("| fp32 ") or
+            line.startswith("| int8-linears ")}
+    assert rows["| fp32"].endswith("| pass |") and "not built: " in rows["| int8-linears"], rows

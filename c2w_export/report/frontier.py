@@ -24,7 +24,7 @@ from ..model.decoder import Code2Wav
 from ..program.codes import random_codes
 from ..program.compare import compare
 from ..program.flows import FLOWS, FlowError
-from ..program.pipeline import QUALITY, build
+from ..program.pipeline import NATIVE, build
 from ..program.precision import PRECISIONS, get_precision, with_precision
 from ..program.runner import Dispatch, Runner
 from ..program.streaming import stream_stateful
