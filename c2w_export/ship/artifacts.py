@@ -39,9 +39,13 @@ class Artifacts:
         bundles = [p["bundle"]["path"] for p in self.manifest["programs"] if "bundle" in p]
         return [*self.files(), *dict.fromkeys(bundles)]
 
+    def entry(self, method: str) -> dict:
+        """The manifest's program entry of `method`."""
+        return next(p for p in self.manifest["programs"] if p["method"] == method)
+
     def file_of(self, method: str) -> str:
         """The program file holding `method`."""
-        return next(p["path"] for p in self.manifest["programs"] if p["method"] == method)
+        return self.entry(method)["path"]
 
     def file_problems(self, rel: str) -> list[str]:
         """File `rel` against the manifest: inside the directory (a symlink may not lead out of it:
@@ -68,15 +72,15 @@ class Artifacts:
         if problems:
             raise ArtifactError("; ".join(problems))
 
-    def open_file(self, rel: str, probe: bool = True) -> dict[str, Runner]:
+    def open_file(self, rel: str) -> dict[str, Runner]:
         """{method: Runner} of program file `rel`, loaded in its runtime behind a checked runner
-        (check its hash first). With `probe`, an ExecuTorch file is first loaded and run in a child
-        process (ship/probe.py): one that kills or hangs its runtime is refused naming the file, and
-        never runs here."""
+        (check its hash first). An ExecuTorch file is first loaded and run in a child process
+        (ship/probe.py): one that kills or hangs its runtime is refused naming the file, and never
+        runs here."""
         entries = [p for p in self.manifest["programs"] if p["path"] == rel]
         flow = get_flow(entries[0]["backend"])
         specs = {e["method"]: self.specs[e["method"]] for e in entries}
-        if probe and rel.endswith(".pte"):
+        if rel.endswith(".pte"):
             why = probe_program(self.root / rel, specs)
             if why:
                 raise ArtifactError(f"{self.root / rel}: {why} when loaded and run once in a child process; "
@@ -85,9 +89,13 @@ class Artifacts:
         runner = Runner(flow.name, loaded, specs, self.decode["codebook_size"])
         return {m: runner for m in specs}
 
-    def programs(self, probe: bool = True) -> Dispatch:
-        """Every program file opened (open_file), its metadata checked against the manifest."""
-        runners = {m: r for rel in self.files() for m, r in self.open_file(rel, probe).items()}
+    def programs(self) -> Dispatch:
+        """Every program file opened (open_file), behind one checked Dispatch (dispatch)."""
+        return self.dispatch({m: r for rel in self.files() for m, r in self.open_file(rel).items()})
+
+    def dispatch(self, runners: dict[str, Runner]) -> Dispatch:
+        """The opened `runners` {method: Runner} of every method behind one Dispatch, once each
+        program's own metadata agrees with the manifest (ManifestError naming the first field)."""
         refuse(self.root, program_problems(self.manifest, self.specs, {m: r.loaded for m, r in runners.items()}))
         return Dispatch(runners)
 

@@ -146,8 +146,8 @@ class Subject:
         return self.runners(self.art.file_of(method))[method].run(method, inputs)
 
     def dispatch(self) -> Dispatch:
-        """Every program file opened, behind one Dispatch."""
-        return Dispatch({m: r for rel in self.art.files() for m, r in self.runners(rel).items()})
+        """Every program file opened (runners), behind one checked Dispatch (Artifacts.dispatch)."""
+        return self.art.dispatch({m: r for rel in self.art.files() for m, r in self.runners(rel).items()})
 
 
 # ---------------------------------------------------------------- the checks, as rows
@@ -168,7 +168,7 @@ def contract_problems(s: Subject, method: str | None = None) -> list[str]:
     problems = checkpoint_problems(s.manifest, s.decoder)
     if method is None:
         return problems
-    index = next(i for i, p in enumerate(s.manifest["programs"]) if p["method"] == method)
+    index = s.manifest["programs"].index(s.art.entry(method))
     stateful = s.art.specs[method].variant == "stateful"
 
     def concerns(problem: str) -> bool:
@@ -211,7 +211,7 @@ def arithmetic_rows(s: Subject) -> list[Row]:
 
 def tolerance_rows(s: Subject, method: str) -> list[Row]:
     """A manifest that records a looser tolerance than the installed table fails (checks use the table)."""
-    entry = next(p for p in s.manifest["programs"] if p["method"] == method)
+    entry = s.art.entry(method)
     tol = tolerance(entry["backend"], s.precision.key)
     t = entry["tolerance"]  # the schema requires max_abs and min_snr_db; why is a record
     recorded = Tolerance(t["max_abs"], t["min_snr_db"], t.get("why", ""))
@@ -228,7 +228,7 @@ def window_rows(s: Subject, method: str, calls: Sequence[tuple[Tensor, ...]], wh
     - a reduced precision: its own eager reference at the flow's gate (side 1, "windows"), fp32
       eager at the quality floor (side 2, "quality"), and for a half precision the own reference
       with native fp16 arithmetic, emulated, at the quality floor (what a phone gets, on every CPU)."""
-    backend = next(p["backend"] for p in s.manifest["programs"] if p["method"] == method)
+    backend = s.art.entry(method)["backend"]
     tol = tolerance(backend, s.precision.key)  # the installed table, never the manifest's record
     module, rows = s.module(method), []
     name = s.precision.name
@@ -255,7 +255,7 @@ def upstream_rows(s: Subject, oracle, method: str, calls: Sequence[tuple[Tensor,
     """`calls` through the program of `method` against upstream's decode of the same codes
     (`oracle`: conformance.upstream.Oracle on this checkpoint), at the flow's tolerance (fp32) or the
     quality floor (a reduced precision)."""
-    backend = next(p["backend"] for p in s.manifest["programs"] if p["method"] == method)
+    backend = s.art.entry(method)["backend"]
     tol = tolerance(QUALITY, s.precision.key) if s.reduced else tolerance(backend, s.precision.key)
     spec = s.art.specs[method]
     state = s.art.initial_state() if spec.variant == "stateful" else ()  # the program's, not the oracle's

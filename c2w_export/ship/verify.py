@@ -14,7 +14,6 @@ from pathlib import Path
 
 from ..program.streaming import stream_frames
 from ..program.variants import parity_inputs
-from .artifacts import refuse
 from .checks import (Row, Subject, arithmetic_rows, contract_row, method_rows, model_row, record_rows,
                      stream_rows, tolerance_rows, window_rows)
 
@@ -58,8 +57,7 @@ def verify(artifacts_dir: str | Path, model: str | None = None, windows: int = 3
     if not contract.passed:  # the programs would be run against a contract that is not theirs: nothing after it means anything
         report.exit_code = EXIT_PARITY
         return report
-    s.dispatch()  # every file opened: the bundled vectors first, in a child (Subject.runners)
-    refuse(s.art.root, [p for m in s.art.specs for p in s.program_problems(m)])  # the programs' own metadata
+    s.dispatch()  # every file opened (the bundled vectors first, in a child), its metadata checked
     progress(f"loaded {len(s.art.specs)} method(s) from {artifacts_dir}")
     for rel in s.art.files():
         report.rows += method_rows(s, rel)
