@@ -25,7 +25,7 @@ from c2w_export.env import FP16_ARITHMETICS
 from c2w_export.program.pipeline import NATIVE, QUALITY, build
 from c2w_export.program.precision import Half, PRECISIONS, Quantize, with_precision
 from c2w_export.program.runner import Dispatch
-from c2w_export.program.streaming import stream_check, stream_frames
+from c2w_export.program.streaming import stream_check, stream_frames, stream_stateful
 from c2w_export.program.tolerances import FP32_GATE, PERTURBATION, tolerance
 from c2w_export.program.variants import method_name
 from helpers import PRECISION_FLOWS, ProgramCache, cases, codes, numerics_row, require_flow
@@ -232,8 +232,20 @@ def test_native_quality_refuses_what_only_float32_accumulation_passes(decoder, c
            "emulated)" in r.failure()
 
 
+def test_mixed_floor_refuses_a_mixed_program_that_lost_its_float32_parts(decoder, context, tmp_path):
+    """fp16-mixed's floor (40 dB) is what it is built for: its own stage with no float32 part (fp16 throughout,
+    equal to its own reference, 44-46 dB with float32 accumulation on tiny) passes side 1 and QUALITY here,
+    and fails NATIVE (35-37 dB on tiny), on every CPU."""
+    flow = _flow_with(with_precision(FLOWS["torch_export"], "fp16-mixed"), Half())
+    results, _ = build(decoder, flow, ["stateful"], 3, context, tmp_path)
+    r = results[0]
+    assert r.diff.within(r.gate(RUN)) and r.quality.within(r.gate(QUALITY)), (r.diff.describe(), r.quality.describe())
+    assert not r.stages[NATIVE].within(r.gate(NATIVE)) and not r.passed, r.stages[NATIVE].describe()
+    assert r.gate(NATIVE).min_snr_db == 40.0
+
+
 PRECISION_ERRORS = [
-    ("unknown", "executorch_xnnpack", "int4", "unknown precision 'int4'; choose from ['fp16', 'fp32', 'int8', 'int8-convs', 'int8-linears', 'int8-tail']"),
+    ("unknown", "executorch_xnnpack", "int4", "unknown precision 'int4'; choose from ['fp16', 'fp16-mixed', 'fp32', 'int8', 'int8-convs', 'int8-linears', 'int8-tail']"),
     ("eager-is-the-reference", "eager", "fp16",
      "precision fp16 needs a flow with a 'prepare' stage; eager has ['load'] (the eager flow is the fp32 reference)"),
     ("cannot-load", "executorch_xnnpack", "int8-linears",
@@ -261,6 +273,7 @@ def _cli(*args):
 
 SHIPPED = [  # (id, precision, what XNNPACK's kernels are named when they run at that precision)
     ("xnnpack-fp16", "fp16", "F16"),
+    ("xnnpack-fp16-mixed", "fp16-mixed", "F16"),
     ("xnnpack-int8-tail", "int8-tail", "QC8"),
 ]
 
@@ -332,3 +345,77 @@ def test_fp16_keeps_rope_positions_in_float32(decoder):
     with torch.no_grad():
         d = compare(got(x, *state)[0], ref(x, *state)[0])
     assert d.within(tolerance(QUALITY, "float16")), d.describe()
+
+
+# ---------------------------------------------------------------- fp16-mixed: float32 parts in a float16 decoder
+def _leaves_dtypes(half, paths):
+    """{state name: dtype} of `half`'s state, split by whether the leaf lies under one of `paths`."""
+    kept, rest = {}, {}
+    for name, _, dtype in half.state_spec()[1:]:
+        (kept if any(name.startswith(p + ".") for p in paths) else rest)[name] = dtype
+    return kept, rest
+
+
+@pytest.mark.parametrize("name,variant", cases([c for c in CASES if c[1] == "xnnpack_fp16_mixed"]))
+def test_mixed_fp16_lowers_to_few_partitions(reduced, name, variant):
+    """XNNPACK delegates no dtype cast, so every float32 island in a float16 graph splits it: fp16, whose norms and
+    softmax compute in float32, lowers to 69 partitions at real size (reports/real/frontier.md). fp16-mixed casts
+    only at the edges of its float32 parts (its float16 transformer keeps its norms and softmax float16; its
+    ConvNeXt GELU, which XNNPACK has no float16 kernel for, is float32 with the linear before it): 9 partitions on
+    tiny and at real size. The cap is issue 31's goal."""
+    results, _, _ = reduced(name, variant)
+    d = results[method_name(variant)].delegation
+    assert d["partitions"] <= 10, d
+
+
+def test_mixed_keeps_its_parts_float32(decoder):
+    """fp16-mixed (to_half with MIXED_FP32): the kept modules hold the fp32 weights bit for bit (never
+    rounded through float16), the rest float16; each state tensor is in its part's dtype (the float32
+    convs' histories are never rounded between calls); the float16 transformer's norms and softmax
+    compute in float16 (no cast inside it for XNNPACK to leave undelegated). A path that names no
+    module is refused by name."""
+    from c2w_export.program.precision import MIXED_FP32, to_half
+    from c2w_export.program.prepare import prepare
+
+    prepared = prepare(decoder)
+    half = to_half(prepared, MIXED_FP32, upcast=False)
+    fp32 = dict(prepared.named_parameters())
+    for name, p in half.named_parameters():
+        if any(name.startswith(k + ".") for k in MIXED_FP32):
+            assert p.dtype == torch.float32 and torch.equal(p, fp32[name]), name
+        else:
+            assert p.dtype == torch.float16, name
+    kept, rest = _leaves_dtypes(half, MIXED_FP32)
+    assert kept and set(kept.values()) == {torch.float32}
+    assert rest and set(rest.values()) == {torch.float16}  # the attention caches
+    assert all(not layer.self_attn.upcast and not layer.input_layernorm.upcast for layer in half.pre_transformer.layers)
+    assert half.pre_transformer.norm.upcast  # a float32 module keeps its own
+    with pytest.raises(FlowError, match="no module 'decoder.99' in the decoder to keep in float32"):
+        to_half(prepared, ("decoder.99",))
+
+
+MIXED_SPLITS = [  # (id, top-level parts kept float32, least SNR against the fp32 decode, most)
+    ("every-part-float32", ("quantizer", "pre_conv", "pre_transformer", "upsample", "decoder"), 80.0, None),
+    ("only-the-transformer-float16", ("quantizer", "pre_conv", "upsample", "decoder"), 40.0, 80.0),
+]
+
+
+@pytest.mark.parametrize("fp32,low,high", cases(MIXED_SPLITS))
+def test_mixed_casts_change_nothing_but_dtypes(decoder, fp32, low, high):
+    """The casts at the edges of the float32 parts (layers.into) are all a mixed decoder adds: keeping every
+    part float32 decodes as the untouched fp32 decoder does (at fp32 noise; ~117 dB on tiny), offline and
+    streamed (state fed back in its parts' dtypes); keeping all but the transformer lands between, so the
+    float16 part is really float16."""
+    from c2w_export.program.precision import to_half
+    from c2w_export.program.prepare import prepare
+    from c2w_export.program.variants import make_variant
+
+    half = to_half(prepare(decoder), fp32, upcast=False)
+    x = codes(decoder, 9, seed=4)
+    with torch.no_grad():
+        ref = decoder(x)[:, 0]
+        v = make_variant(half, "stateful", 4, 0)
+        stream = stream_stateful(lambda m, i: tuple(v(*i)), v.initial_state(), x, decoder.config.hop, calls=[1, 4, 4]).wav
+        diffs = [compare(half(x)[:, 0].float(), ref), compare(stream.float(), ref)]
+    for d in diffs:
+        assert d.snr_db >= low and (high is None or d.snr_db < high), d.describe()

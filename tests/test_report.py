@@ -62,3 +62,22 @@ def test_the_frontier_writes_a_row_per_precision(model_dir, tmp_path):
     rows = {line.split(" | ")[0]: line for line in out.read_text().splitlines() if line.startswith("| fp32 ") or
             line.startswith("| int8-linears ")}
     assert rows["| fp32"].endswith("| pass |") and "not built: " in rows["| int8-linears"], rows
+
+
+def test_the_fp16_sensitivity_covers_every_part(decoder, tmp_path, monkeypatch):
+    """report/sensitivity.py on tiny (tox -e sensitivity runs it at real size): every part measured alone; kept
+    cumulatively, all of them decode as the fp32 decoder does (so no part of the decoder is missing from
+    PARTS, and the float32 parts are really float32); the shipped fp16-mixed lands between fp16 throughout
+    and that. With a part left out of PARTS, the cumulative end stays at fp16 level: the check fails."""
+    from c2w_export.report import sensitivity
+
+    m = sensitivity.measure(decoder, frames=5, progress=lambda s: None)
+    assert [r["label"] for r in m["alone"]] == list(sensitivity.PARTS)
+    assert m["cumulative"][-1]["snr_db"] > 90, m["cumulative"][-1]  # fp32 noise, ~117 dB on tiny
+    assert m["base"]["snr_db"] < m["chosen"][0]["snr_db"] < 90, (m["base"], m["chosen"])
+    assert m["chosen"][0]["pte_bytes"] < 0.1 * m["fp16_params_bytes"]  # the float32 parts are mostly convs
+    assert "## Each part alone in float32" in sensitivity.table(m, "tiny")
+
+    monkeypatch.setattr(sensitivity, "PARTS", {k: v for k, v in sensitivity.PARTS.items() if k != "decoder.block2"})
+    broken = sensitivity.measure(decoder, frames=5, progress=lambda s: None)
+    assert broken["cumulative"][-1]["snr_db"] < 80, broken["cumulative"][-1]

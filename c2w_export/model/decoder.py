@@ -4,6 +4,10 @@ Module names and parameter names follow the checkpoint (keys under `decoder.`), 
 `load_state_dict` is strict against the real file. One forward serves offline and streaming:
 `step(codes, state) -> (wav, new_state)`; offline decoding is one step without state, which
 equals one step from `initial_state()` (tests/test_decoder.py checks it).
+
+Every part computes in its own dtype (layers.into casts what flows into it): one dtype throughout,
+except in a mixed-precision copy (float32 parts in a float16 decoder, program/precision.py), whose
+state tensors are each in their part's dtype.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from torch import Tensor, nn
 from .config import DecoderConfig
 from .layers import (
     CausalConv1d, CausalConvTranspose1d, LayerScale, RMSNorm, SnakeBeta, State, StatefulLeaf,
-    Trim, apply_rope, attention, group_bias, mask_bias, rope_cos_sin, rope_inv_freq, sliding_window_mask,
+    Trim, apply_rope, attention, compute_dtype, group_bias, into, mask_bias, rope_cos_sin, rope_inv_freq,
+    sliding_window_mask,
 )
 from .validate import check_codes
 
@@ -65,7 +70,7 @@ class ResidualVQ(nn.Module):
     def forward(self, codes: Tensor) -> Tensor:
         """codes [B, n, T] -> [B, codebook_dim, T]."""
         summed = sum(F.embedding(codes[:, i], vq._codebook.embedding()) for i, vq in enumerate(self.vq.layers))
-        return self.output_proj(summed.transpose(1, 2))
+        return self.output_proj(into(summed.transpose(1, 2), self.output_proj))
 
 
 class SplitRVQ(nn.Module):
@@ -85,6 +90,8 @@ class SplitRVQ(nn.Module):
 class Attention(StatefulLeaf):
     """Sliding-window causal self-attention with RoPE. State `<name>.k` / `<name>.v`:
     [B, Hkv, W-1, D], the rotated keys and values of the W-1 frames before this chunk."""
+
+    upcast = True  # softmax in at least float32 (layers.work_dtype)
 
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
@@ -116,7 +123,7 @@ class Attention(StatefulLeaf):
         cached = kn in state
         keys = torch.cat([state[kn], k], dim=2) if cached else k
         values = torch.cat([state[vn], v], dim=2) if cached else v
-        out = attention(q, keys, values, bias, self.head_dim ** -0.5)
+        out = attention(q, keys, values, bias, self.head_dim ** -0.5, self.upcast)
         out = self.o_proj(out.transpose(1, 2).contiguous().view(b, -1, self.heads * self.head_dim))
         if not cached:
             return out, {}
@@ -177,7 +184,9 @@ class Transformer(nn.Module):
         t = x.shape[1]
         q_pos = torch.arange(t, dtype=torch.int64) if pos is None else pos + torch.arange(t, dtype=torch.int64)
         k_pos = q_pos if pos is None else torch.cat([pos - self.cache + torch.arange(self.cache, dtype=torch.int64), q_pos])
-        h = self.input_proj(x)
+        h = self.input_proj(into(x, self.input_proj))
+        if self.layers:
+            h = into(h, self.layers[0])  # the layers share one dtype
         cos, sin = rope_cos_sin(q_pos, self.inv_freq(h.dtype), h.dtype)
         allowed = sliding_window_mask(q_pos, k_pos, self.window)
         if present is not None:  # absent queries keep their keys: their rows stay finite, and are dropped later
@@ -187,7 +196,7 @@ class Transformer(nn.Module):
         for layer in self.layers:
             h, s = layer(h, cos, sin, bias, state)
             new.update(s)
-        return self.output_proj(self.norm(h)), new
+        return self.output_proj(into(self.norm(into(h, self.norm)), self.output_proj)), new
 
 
 # ---------------------------------------------------------------- conv stages
@@ -203,9 +212,12 @@ class ConvNeXtBlock(nn.Module):
         self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
 
     def forward(self, x: Tensor, state: State, keep: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-        h, new = self.dwconv(x, state, keep)
-        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h.transpose(1, 2)))))
-        return x + (self.gamma * h).transpose(1, 2), new
+        # each part in its own dtype; GELU in pwconv1's (XNNPACK has no float16 GELU: a mixed decoder
+        # keeps pwconv1 float32, program/precision.py)
+        h, new = self.dwconv(into(x, self.dwconv), state, keep)
+        h = self.norm(into(h.transpose(1, 2), self.norm))
+        h = self.pwconv2(into(F.gelu(self.pwconv1(into(h, self.pwconv1))), self.pwconv2))
+        return x + (self.gamma * into(h, self)).transpose(1, 2), new
 
 
 class ResidualUnit(nn.Module):
@@ -248,8 +260,8 @@ class _UpsampleStage(nn.ModuleList):
     """Checkpoint layout `upsample.i.{0,1}`: transposed conv (kernel = stride), ConvNeXt block."""
 
     def forward(self, x: Tensor, state: State, keep: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-        x, a = self[0](x, state, keep)
-        x, b = self[1](x, state, keep)
+        x, a = self[0](into(x, self[0]), state, keep)
+        x, b = self[1](x, state, keep)  # the ConvNeXt block casts into each of its parts
         return x, {**a, **b}
 
 
@@ -281,11 +293,10 @@ class Code2Wav(nn.Module):
     # -------------------------------------------------------- state
     def state_spec(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
         """Ordered (name, shape, dtype) of the streaming state for batch 1; `pos` first."""
-        dtype = self.dtype
         spec = [(POSITION, (1,), torch.int64)]
         for module in self.modules():
-            if isinstance(module, StatefulLeaf):
-                spec += [(n, (1, *s), dtype) for n, s in module.state_shapes().items()]
+            if isinstance(module, StatefulLeaf):  # in its leaf's dtype (a mixed-precision decoder has two)
+                spec += [(n, (1, *s), compute_dtype(module)) for n, s in module.state_shapes().items()]
         return spec
 
     def initial_state(self) -> dict[str, Tensor]:
@@ -295,6 +306,7 @@ class Code2Wav(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of its first stage (pre_conv): every stage's, but in a mixed-precision copy."""
         return self.pre_conv.conv.weight.dtype
 
     def _stack(self) -> list[nn.Module]:
@@ -374,7 +386,7 @@ class Code2Wav(nn.Module):
         present = None if first is None else torch.arange(frames, dtype=torch.int64) >= first
         keep = None if present is None else present.to(self.dtype)[None, None, :]
         h = self.quantizer(codes)
-        h, s = self.pre_conv(h, state, keep)
+        h, s = self.pre_conv(into(h, self.pre_conv), state, keep)
         new.update(s)
         h, s = self.pre_transformer(h.transpose(1, 2), state.get(POSITION), state, present)
         new.update(s)
@@ -387,6 +399,7 @@ class Code2Wav(nn.Module):
                 h = self.trim(h, (lead - extra) * rate)
                 keep = self.trim(keep, lead - extra) if keep is not None else None
                 lead = extra
+            h = into(h, layer)
             if isinstance(layer, SnakeBeta):
                 h = layer(h)
             else:

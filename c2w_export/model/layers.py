@@ -16,6 +16,7 @@ offline decode sees before frame 0.
 
 from __future__ import annotations
 
+import itertools
 from typing import Mapping
 
 import torch
@@ -41,12 +42,23 @@ def snake_beta(x: Tensor, log_alpha: Tensor, log_beta: Tensor) -> Tensor:
     return snake(x, *snake_constants(log_alpha, log_beta))
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm over the last dim, computed in at least float32."""
-    dtype = x.dtype
-    h = x.to(torch.promote_types(dtype, torch.float32))
+def cast(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """x in `dtype`; x itself where it already is (a same-dtype .to() can still trace graph nodes)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def work_dtype(dtype: torch.dtype, upcast: bool = True) -> torch.dtype:
+    """The dtype a norm's statistics or a softmax compute in: at least float32 (`upcast`), or the
+    input's own (a mixed-precision decoder's float16 transformer: a cast is never delegated by
+    XNNPACK, so each one would split the layer's partition)."""
+    return torch.promote_types(dtype, torch.float32) if upcast else dtype
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float, upcast: bool = True) -> Tensor:
+    """RMSNorm over the last dim, computed in work_dtype(x.dtype, upcast)."""
+    h = cast(x, work_dtype(x.dtype, upcast))
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    return weight * cast(h, x.dtype)
 
 
 def rope_inv_freq(head_dim: int, theta: float, dtype: torch.dtype) -> Tensor:
@@ -91,12 +103,12 @@ def group_bias(bias: Tensor, groups: int) -> Tensor:
     return torch.cat([bias] * groups) if groups > 1 else bias
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
+def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, upcast: bool = True) -> Tensor:
     """q [B, H, Tq, D], k/v [B, Hkv, Tk, D], bias [G * Tq, Tk] (group_bias of mask_bias, G = H / Hkv)
     -> [B, H, Tq, D].
 
     Grouped-query attention without copying K/V per head: the H = Hkv * G query heads are folded
-    into [B * Hkv, G * Tq, D], head h reading kv head h // G. Softmax in >= float32. The views
+    into [B * Hkv, G * Tq, D], head h reading kv head h // G. Softmax in work_dtype(q.dtype, upcast). The views
     infer the frame axis (-1) of contiguous tensors: export keeps that -1 (a reshape of a
     transposed tensor is traced with the size computed), and XNNPACK delegates a reshape with one
     inferred size, not one with a symbolic size (a dynamic chunk)."""
@@ -105,7 +117,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Te
     q = q.contiguous().view(b * kv, -1, d)  # 3-D batched matmuls: no broadcasting expands in the graph
     k, v = k.contiguous().view(b * kv, -1, d), v.contiguous().view(b * kv, -1, d)
     scores = torch.bmm(q, k.transpose(1, 2)) * scale + bias  # [B * Hkv, G * Tq, Tk]
-    weights = torch.softmax(scores.to(torch.promote_types(q.dtype, torch.float32)), dim=-1).to(q.dtype)
+    weights = cast(torch.softmax(cast(scores, work_dtype(q.dtype, upcast)), dim=-1), q.dtype)
     return torch.bmm(weights, v).view(b, h, -1, d)
 
 
@@ -142,6 +154,23 @@ def causal_conv_transpose1d(x: Tensor, history: Tensor | None, weight: Tensor, b
     return y, xx[..., xx.shape[-1] - h:]
 
 
+def compute_dtype(module: nn.Module) -> torch.dtype | None:
+    """The float dtype `module` computes in: that of its first floating parameter or buffer (None:
+    it holds none, and computes in its input's). A mixed-precision decoder (float32 parts in a
+    float16 one, program/precision.py) has more than one."""
+    for t in itertools.chain(module.parameters(), module.buffers()):  # stops at the first
+        if t.is_floating_point():
+            return t.dtype
+    return None
+
+
+def into(x: Tensor, module: nn.Module) -> Tensor:
+    """x cast to the dtype `module` computes in; x itself where it already is (no graph node), so a
+    decoder of one dtype traces no cast."""
+    dtype = compute_dtype(module)
+    return x if dtype is None else cast(x, dtype)
+
+
 def drop_absent(x: Tensor, keep: Tensor | None) -> Tensor:
     """x [B, C, n] with the samples of absent frames zeroed (keep [1, 1, T] with n = T * rate, or
     None: all frames present). A broadcast multiply over the view [B, C, T, rate]: no per-sample
@@ -150,6 +179,7 @@ def drop_absent(x: Tensor, keep: Tensor | None) -> Tensor:
     with a symbolic size (a dynamic chunk)."""
     if keep is None:
         return x
+    keep = cast(keep, x.dtype)  # a mixed-precision decoder: in the dtype of the part it masks
     b, c, n = x.shape
     t = keep.shape[-1]
     if n == t:
@@ -235,13 +265,15 @@ class CausalConvTranspose1d(StatefulLeaf):
 
 
 class RMSNorm(nn.Module):
+    upcast = True  # statistics in at least float32 (layers.work_dtype)
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps, self.upcast)
 
 
 class LayerScale(nn.Module):

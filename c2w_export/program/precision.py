@@ -34,28 +34,46 @@ from .flows import FLOWS, Flow, FlowError, ModuleLoaded, Pt2Loaded, Stage, Work
 from .variants import export_variant, make_variant, parity_inputs
 
 
-def to_half(decoder: Code2Wav) -> Code2Wav:
-    """A float16 copy of `decoder`; buffers a module names in KEEP_FP32 stay float32 (RoPE's
-    positions * inv_freq: float16 holds integers exactly only up to 2048)."""
-    half = copy.deepcopy(decoder).half()
+def to_half(decoder: Code2Wav, fp32: tuple[str, ...] = (), upcast: bool = True) -> Code2Wav:
+    """A float16 copy of `decoder`. Buffers a module names in KEEP_FP32 stay float32 (RoPE's
+    positions * inv_freq: float16 holds integers exactly only up to 2048).
+
+    `fp32`: module paths of `decoder` whose subtrees keep their float32 weights (a mixed precision:
+    the decoder casts at their edges, layers.into). `upcast=False`: the float16 parts' norms and
+    softmax compute in float16 too (layers.work_dtype), so the float16 transformer has no cast
+    inside, which XNNPACK would not delegate."""
+    modules = dict(decoder.named_modules())
+    for path in fp32:
+        if path not in modules:
+            raise FlowError(f"no module {path!r} in the decoder to keep in float32")
+    half = copy.deepcopy(decoder)
+    for name, module in half.named_modules():
+        if not any(name == p or name.startswith(p + ".") for p in fp32):
+            module._apply(lambda t: t.half() if t.is_floating_point() else t, recurse=False)
+            if hasattr(module, "upcast"):
+                module.upcast = upcast
     for src, dst in zip(decoder.modules(), half.modules()):
         for name in getattr(src, "KEEP_FP32", ()):
             dst._buffers[name] = src._buffers[name].detach().clone().float()
     return half.eval().requires_grad_(False)
 
 
+@dataclass(frozen=True)
 class Half(Stage):
-    """{method: prepared fp32 variant} -> the same variants over one float16 copy per decoder."""
+    """{method: prepared fp32 variant} -> the same variants over one float16 copy per decoder
+    (to_half with `fp32` and `upcast`)."""
 
-    name = "half"
-    compared = True
-    own_reference = True
+    fp32: tuple[str, ...] = ()
+    upcast: bool = True
+    name: str = "half"
+    compared: bool = True
+    own_reference: bool = True
 
     def run(self, modules, work: Work):
         halves: dict[int, Code2Wav] = {}  # one float16 copy per decoder
         for v in modules.values():
             if id(v.decoder) not in halves:
-                halves[id(v.decoder)] = to_half(v.decoder)
+                halves[id(v.decoder)] = to_half(v.decoder, self.fp32, self.upcast)
         return {m: make_variant(halves[id(v.decoder)], v.variant, v.max_chunk, v.context) for m, v in modules.items()}
 
     def program(self, modules):
@@ -174,10 +192,14 @@ class Precision:
     parts: tuple[str, ...] = ()  # int8: QUANT_PARTS quantized
     half: bool = False  # computes in float16: its XNNPACK side 1 depends on the CPU's fp16 arithmetic, and its
     # quality is also judged with native fp16 arithmetic (native_fp16.py, pipeline.NATIVE)
+    fp32: tuple[str, ...] = ()  # half: module paths of the prepared decoder kept float32 (to_half)
+    upcast: bool = True  # half: norms and softmax in float32 (to_half)
 
     def record(self) -> dict:
         """What the manifest records about it."""
         extra = {"parts": {p: QUANT_PARTS[p][0] for p in self.parts}, "calibration": dict(CALIBRATION)} if self.parts else {}
+        if self.fp32:
+            extra["fp32_modules"] = list(self.fp32)
         return {"name": self.name, "key": self.key, "what": self.what, **extra}
 
     def arithmetic(self) -> str:
@@ -186,6 +208,14 @@ class Precision:
         from ..env import fp16_arithmetic
 
         return fp16_arithmetic() if self.half else ("int8 integer kernels" if self.parts else "float32")
+
+
+# fp16-mixed: the modules kept float32, chosen by measuring each part under native fp16 arithmetic
+# (report/sensitivity.py). The conv stack loses the most (long reductions into an fp16 accumulator), and
+# its weights are float32 in an XNNPACK .pte either way; what stays float16 holds the linears' bytes.
+MIXED_FP32 = ("quantizer.rvq_first.output_proj", "quantizer.rvq_rest.output_proj", "pre_conv",
+              "pre_transformer.input_proj", "pre_transformer.norm", "pre_transformer.output_proj",
+              *(f"upsample.{i}.{m}" for i in (0, 1) for m in ("0", "1.dwconv", "1.norm", "1.pwconv1")), "decoder")
 
 
 def _int8(name: str, parts: tuple[str, ...]) -> Precision:
@@ -199,6 +229,11 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision("fp16", "float16", Half, "prepare",
               "float16 weights and activations (RoPE frequencies float32); float32 inputs, outputs and state",
               half=True),
+    Precision("fp16-mixed", "float16-mixed", lambda: Half(MIXED_FP32, upcast=False), "prepare",
+              "float16 transformer layers (norms and softmax too), ConvNeXt output linears and codebooks; the "
+              "convs, the transformer's projections and final norm, the ConvNeXt norms, input linears and GELU "
+              "float32 (reports/real/fp16-sensitivity.md); float32 inputs, outputs and state",
+              half=True, fp32=MIXED_FP32, upcast=False),
     _int8("int8", ("convs", "linears")),
     _int8("int8-convs", ("convs",)),
     _int8("int8-linears", ("linears",)),
@@ -241,7 +276,7 @@ def own_references(decoder: Code2Wav, name: str, specs) -> dict:
         return {m: make_variant(decoder, s.variant, s.max_chunk, s.context) for m, s in specs.items()}
     prepared = prepare(decoder)
     if p.after == "prepare":  # fp16
-        half = to_half(prepared)
+        half = to_half(prepared, p.fp32, p.upcast)
         return {m: make_variant(half, s.variant, s.max_chunk, s.context) for m, s in specs.items()}
     out = {}
     for m, s in specs.items():  # int8: quantized from the prepared variant, as the Quantize stage does

@@ -13,6 +13,9 @@ untouched decoder (and the tests with upstream), so a folding bug cannot hide.
   (Rotate: exact, and delegated at a dynamic chunk, where slicing the halves is not).
 - The windowed cuts (Trim): a dilated two-tap depthwise conv (ShiftTrim: exact, and delegated at
   a dynamic chunk, where the slice is not).
+- SwiGLU's SiLU written as x * sigmoid(x) (SwiGLU4Export): the decomposition export applies to F.silu
+  computes a float16 input in float32, and XNNPACK delegates neither cast; in float32 it is that
+  same graph.
 - RMSNorm and the ConvNeXt LayerNorm: the mean over channels written as a 4-D global average
   (`mean_last`), the form XNNPACK delegates, so the norms stop splitting the graph into partitions.
 """
@@ -25,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..model.decoder import Attention, Code2Wav, ResidualVQ, Transformer
-from ..model.layers import CausalConvTranspose1d, RMSNorm, SnakeBeta, Trim, causal_conv1d, snake, snake_constants
+from ..model.decoder import MLP, Attention, Code2Wav, ResidualVQ, Transformer
+from ..model.layers import (CausalConvTranspose1d, RMSNorm, SnakeBeta, Trim, cast, causal_conv1d, into, snake,
+                            snake_constants, work_dtype)
 
 
 def mean_last(x: Tensor) -> Tensor:
@@ -36,11 +40,10 @@ def mean_last(x: Tensor) -> Tensor:
     return x.view(b, -1, 1, c).mean((2, 3), keepdim=True).view(b, -1, 1)
 
 
-def rms_norm_4d(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+def rms_norm_4d(x: Tensor, weight: Tensor, eps: float, upcast: bool = True) -> Tensor:
     """layers.rms_norm with the mean as mean_last. x [B, T, C]."""
-    dtype = x.dtype
-    h = x.to(torch.promote_types(dtype, torch.float32))
-    return weight * (h * torch.rsqrt(mean_last(h.pow(2)) + eps)).to(dtype)
+    h = cast(x, work_dtype(x.dtype, upcast))
+    return weight * cast(h * torch.rsqrt(mean_last(h.pow(2)) + eps), x.dtype)
 
 
 def layer_norm_4d(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
@@ -77,7 +80,7 @@ class FoldedRVQ(nn.Module):
 
     def forward(self, codes: Tensor) -> Tensor:
         summed = F.embedding(codes + self.offsets, self.table).sum(1)  # [B, T, dim]
-        return self.output_proj(summed.transpose(1, 2))
+        return self.output_proj(into(summed.transpose(1, 2), self.output_proj))
 
 
 def phase_weight(weight: Tensor, stride: int) -> Tensor:
@@ -188,7 +191,7 @@ class RMSNorm4D(RMSNorm):
         self.weight, self.eps = module.weight, module.eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return rms_norm_4d(x, self.weight, self.eps)
+        return rms_norm_4d(x, self.weight, self.eps, self.upcast)
 
 
 class LayerNorm4D(nn.Module):
@@ -198,6 +201,18 @@ class LayerNorm4D(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return layer_norm_4d(x, self.weight, self.bias, self.eps)
+
+
+class SwiGLU4Export(MLP):
+    """MLP with SiLU as x * sigmoid(x), in the input's dtype. [B, T, hidden] -> [B, T, hidden]."""
+
+    def __init__(self, module: MLP):
+        nn.Module.__init__(self)
+        self.gate_proj, self.up_proj, self.down_proj = module.gate_proj, module.up_proj, module.down_proj
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate = self.gate_proj(x)
+        return self.down_proj(gate * torch.sigmoid(gate) * self.up_proj(x))
 
 
 class FoldedTransformer(Transformer):
@@ -221,6 +236,7 @@ class FoldedTransformer(Transformer):
 FOLDS: dict[type, type] = {
     SnakeBeta: FoldedSnake, ResidualVQ: FoldedRVQ, CausalConvTranspose1d: FoldedConvTranspose1d,
     RMSNorm: RMSNorm4D, nn.LayerNorm: LayerNorm4D, Transformer: FoldedTransformer, Attention: FoldedAttention,
+    MLP: SwiGLU4Export,
 }  # module type -> its folded replacement
 
 
