@@ -200,13 +200,12 @@ class Stateful(_Variant):
 
     def __init__(self, decoder: Code2Wav, max_chunk: int):
         super().__init__(decoder, max_chunk, 0)
-        spec = decoder.state_spec()
-        self.names = [n for n, _, _ in spec]
-        self.dtypes = [d for _, _, d in spec]  # each part's own (a mixed-precision decoder has two)
+        self.names = [n for n, _, _ in decoder.state_spec()]
 
     def forward(self, codes: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
         io = io_dtype(self.decoder)
-        wav, new = self.decoder.step(codes, {n: _io(s, d) for n, s, d in zip(self.names, state, self.dtypes)})
+        dtypes = [d for _, _, d in self.decoder.state_spec()]  # each part's own, as the decoder is now
+        wav, new = self.decoder.step(codes, {n: _io(s, d) for n, s, d in zip(self.names, state, dtypes)})
         return (_io(wav[:, 0], io), *(_io(new[n], io) for n in self.names))
 
     def input_specs(self) -> list[TensorSpec]:
