@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ALL_FLOWS, PRECISION_FLOWS, RAMP, ProgramCache, built_once, c2w, selected_flows
+from helpers import ALL_FLOWS, PRECISION_FLOWS, RAMP, ProgramCache, built_once, exported, selected_flows
 
 def pytest_collection_modifyitems(config, items):
     skip_real = pytest.mark.skip(reason="real-size test: opt in with --real (the reference env and tox -e real do)")
@@ -186,6 +186,46 @@ def pytest_deselected(items):
     DESELECTED.extend(items)
 
 
+DURATIONS: dict[str, float] = {}  # node id -> seconds of setup + call + teardown (the controller's view)
+STARTED: list[float] = []
+
+
+def pytest_sessionstart(session):
+    import time
+
+    STARTED.append(time.monotonic())
+
+
+def pytest_runtest_logreport(report):
+    DURATIONS[report.nodeid] = DURATIONS.get(report.nodeid, 0.0) + report.duration
+
+
+def time_budget(config) -> dict:
+    """Where this session's time went: seconds per test file, the lowerings the session did (with
+    cache hits and discarded entries, from C2W_LOWER_LOG) and the slowest tests."""
+    import json
+    import time
+
+    from c2w_export.program.lowering import LOG_ENV
+
+    events = []
+    log = os.environ.get(LOG_ENV)
+    if log and os.path.exists(log):
+        events = [json.loads(line) for line in Path(log).read_text().splitlines() if line.strip()]
+    lowered = [e for e in events if e["event"] == "lowered"]
+    files: dict[str, float] = {}
+    for nodeid, s in DURATIONS.items():
+        f = nodeid.split("::")[0]
+        files[f] = files.get(f, 0.0) + s
+    return {"wall_s": time.monotonic() - STARTED[0] if STARTED else None,
+            "workers": getattr(config.option, "numprocesses", None) or 0,
+            "test_s": sum(DURATIONS.values()), "files": files,
+            "slowest": sorted(DURATIONS.items(), key=lambda kv: -kv[1])[:10],
+            "lowered": len(lowered), "distinct": len({e["key"] for e in lowered}),
+            "lowering_s": sum(e["seconds"] for e in lowered), "hits": sum(e["event"] == "hit" for e in events),
+            "discarded": sum(e["event"] == "discarded" for e in events)}
+
+
 def partial_reason(session, exitstatus) -> str | None:
     """Why this run must not rewrite the committed reports (None: a complete run of its matrix).
     The parity matrix is everything with default options; the real matrix is `--real -m real`."""
@@ -256,7 +296,7 @@ def pytest_sessionfinish(session, exitstatus):
     if why:
         say(f"reports/ not rewritten: partial run ({why})")
         return
-    pr.write_parity_reports(ROWS, REPORTS, suffix, "real" if real else "tiny", baseline)
+    pr.write_parity_reports(ROWS, REPORTS, suffix, "real" if real else "tiny", baseline, time_budget(session.config))
     say(f"wrote reports/parity{suffix}.md and reports/numerics{suffix}.md ({len(ROWS)} rows)")
     if session.config.getoption("--save-baseline"):
         pr.save_baseline(ROWS, baseline_path)
@@ -266,25 +306,27 @@ def pytest_sessionfinish(session, exitstatus):
 # ---------------------------------------------------------------- shipped artifacts (test_cli, test_contract)
 @pytest.fixture(scope="session")
 def artifacts(model_dir, tmp_path_factory):
-    """torch_export artifacts, both variants, chunks 1..4, ramp 2 4: built once by the CLI."""
-    def build(out):
-        from c2w_export import cli
-
-        rc = cli.main(["export", "--model", model_dir, "--out-dir", str(out / "pt2"), "--ramp", *RAMP, "--max-chunk", "4",
-                       "--backend", "torch_export", "--variant", "both"])
-        assert rc == 0
-    return built_once(tmp_path_factory, "artifacts-pt2", build) / "pt2"
+    """torch_export artifacts, both variants, chunks 1..4, ramp 2 4: exported once per session by the CLI."""
+    return exported(tmp_path_factory, model_dir, "--ramp", *RAMP, "--max-chunk", "4", "--backend", "torch_export",
+                    "--variant", "both")
 
 
 @pytest.fixture(scope="session")
 def et_artifacts(model_dir, tmp_path_factory):
-    """XNNPACK, one multi-method .pte holding both variants (chunks 1..25), with bundled vectors."""
-    def build(out):
-        rc, so, se = c2w("export", "--model", model_dir, "--out-dir", out / "pte", "--ramp", "2", "--variant", "both",
-                         "--multi-method", "--bundle")
-        assert rc == 0, se
-        assert "[1/2] executorch_xnnpack windowed (chunks 1..25)" in so and " MB, " in so, so  # progress per program
-    return built_once(tmp_path_factory, "artifacts-pte", build) / "pte"
+    """XNNPACK, one multi-method .pte holding both variants (chunks 1..25), with bundled vectors:
+    exported once per session by the CLI."""
+    return exported(tmp_path_factory, model_dir, "--ramp", "2", "--variant", "both", "--multi-method", "--bundle")
+
+
+@pytest.fixture(scope="session")
+def precision_artifacts(model_dir, tmp_path_factory):
+    """precision -> XNNPACK artifacts at that precision (both variants in one .pte, chunks 1..25,
+    ramp 1, bundles), exported once per session by the CLI: its methods are the ones test_precision's
+    own builds lower (the lowering cache)."""
+    def get(precision: str):
+        return exported(tmp_path_factory, model_dir, "--ramp", "1", "--variant", "both", "--multi-method", "--bundle",
+                        "--precision", precision)
+    return get
 
 
 @pytest.fixture

@@ -39,24 +39,49 @@ def offline(decoder, c: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- session directories
+SESSION_ENV = "C2W_SESSION_DIR"  # set by the top-level conftest: one directory per session, shared by its workers
+
+
 def built_once(tmp_path_factory, name: str, build) -> Path:
-    """`build(dir)` into a fresh session directory; or, when C2W_ARTIFACT_CACHE is set (only by
-    `tox -e mutation`), into that cache once and reused by every later session. Under mutation the
-    first session runs the unmutated code, so each mutant is judged against the checkpoint and the
-    programs a team would ship, instead of paying a lowering per mutant."""
-    cache = os.environ.get("C2W_ARTIFACT_CACHE")
-    if not cache:
+    """`build(dir)` once per session, into a directory every xdist worker of the session shares
+    (C2W_SESSION_DIR/built/<name>; the first worker to ask builds it under a file lock, the others
+    wait and reuse it), so each distinct checkpoint and artifacts directory is made once per session.
+    When C2W_ARTIFACT_CACHE is set (only by `tox -e mutation`), into that cache once and reused by
+    every later session: under mutation the first session runs the unmutated code, so each mutant is
+    judged against the checkpoint and the programs a team would ship, instead of paying a lowering
+    per mutant. Outside a session directory: a fresh directory of this process."""
+    import fcntl
+
+    root = os.environ.get("C2W_ARTIFACT_CACHE") or (os.environ.get(SESSION_ENV) and
+                                                    os.path.join(os.environ[SESSION_ENV], "built"))
+    if not root:
         out = tmp_path_factory.mktemp(name)
         build(out)
         return out
-    out = Path(cache) / name
-    if not out.exists():
-        partial = Path(cache) / f".{name}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        build(partial)
-        partial.rename(out)  # a build that died halfway is never reused
+    out = Path(root) / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(Path(root) / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when its process dies
+        if not out.exists():
+            partial = Path(root) / f".{name}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+            build(partial)
+            partial.rename(out)  # a build that died halfway is never reused
     return out
+
+
+def exported(tmp_path_factory, model_dir: str, *args: str) -> Path:
+    """The artifacts `c2w-export export --model model_dir *args` writes, exported once per session
+    (built_once; the lowering cache shares their programs with every other test's) and shared by every
+    test that asks for the same options. Read-only: a test that edits them edits a copy."""
+    name = "export" + "".join(f"_{a.lstrip('-')}" for a in map(str, args))
+
+    def build(out):
+        rc, so, se = c2w("export", "--model", model_dir, "--out-dir", out / "artifacts", *args)
+        assert rc == 0, se[-3000:] + so[-3000:]
+        (out / "stdout.txt").write_text(so)  # beside the artifacts: what the export printed (test_cli reads it)
+    return built_once(tmp_path_factory, name, build) / "artifacts"
 
 
 def cli_in_process(argv: list[str]) -> tuple[int, str, str]:
@@ -91,13 +116,17 @@ def _clean_runner_loop(conn) -> None:
 
     runtime()
     while True:
-        argv = conn.recv()
-        if argv is None:
+        request = conn.recv()
+        if request is None:
             return
+        argv, env, before = request
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(r)
+            os.environ.update(env)
+            if before is not None:
+                before()
             with os.fdopen(w, "w") as out:
                 out.write(json.dumps(cli_in_process(argv)))
             os._exit(0)
@@ -114,8 +143,9 @@ def _clean_runner_loop(conn) -> None:
 class CleanRunner:
     """The CLI run in a fork of a process that has never run an ExecuTorch method (a fork of one that
     has hangs in the runtime, ship/probe.py), so every run gets the full child-process probe, and a
-    run that kills its process (a crash the probe missed) is reported as rc -signal instead of taking
-    the test worker down. One process per CleanRunner, started by spawn (~4 s)."""
+    run that kills its process (a crash the probe missed, or a kill on purpose) is reported as rc
+    -signal instead of taking the test worker down. One process per CleanRunner, started by spawn
+    (~4 s); each call sets `env` in its fork and calls `before()` there (a picklable function) first."""
 
     def __init__(self):
         import multiprocessing
@@ -125,8 +155,8 @@ class CleanRunner:
         self.process = ctx.Process(target=_clean_runner_loop, args=(child,), daemon=True)
         self.process.start()
 
-    def __call__(self, argv: list[str]) -> tuple[int, str, str]:
-        self.conn.send([str(a) for a in argv])
+    def __call__(self, argv: list[str], env: dict[str, str] | None = None, before=None) -> tuple[int, str, str]:
+        self.conn.send(([str(a) for a in argv], dict(env or {}), before))
         return self.conn.recv()
 
     def close(self) -> None:

@@ -151,6 +151,11 @@ def test_profile_cli_json(et_artifacts):
     assert {r["where"] for r in rows} == {"xnnpack", "portable", "runtime"}
 
 
+def test_export_prints_progress_per_program(et_artifacts):
+    so = (et_artifacts.parent / "stdout.txt").read_text()
+    assert "[1/2] executorch_xnnpack windowed (chunks 1..25)" in so and " MB, " in so, so
+
+
 def test_multi_method_file_holds_every_method(et_artifacts):
     from executorch.runtime import Runtime
 
@@ -427,19 +432,20 @@ def test_verify_rejects_replaced_program_with_loosened_tolerance(artifacts, copy
 
 def test_verify_names_the_wrong_method_of_a_multi_method_pte(et_artifacts, copy_of, decoder, tmp_path):
     """One .pte whose stateful method comes from another checkpoint (hashes and bundle rewritten):
-    its windows, stream and bundled vectors fail by name, the other method passes."""
-    from c2w_export.model.config import preset
-    from c2w_export.model.synth import make_decoder
+    its windows, stream and bundled vectors fail by name, the other method passes. The other
+    checkpoint is the stress one, whose stateful XNNPACK program the session lowers anyway (the
+    lowering cache): same shapes, other weights."""
     from c2w_export.program.flows import Export, Lower, SerializePte, Work
+    from c2w_export.report.golden import golden_decoder
     from c2w_export.program.pipeline import ProgramResult
     from c2w_export.program.prepare import prepare
     from c2w_export.program.tolerances import tolerance
     from c2w_export.program.variants import example_inputs, make_variant
     from c2w_export.ship.bundle import write_bundles
 
-    other = make_decoder(preset("tiny"), 1)
+    other = golden_decoder("tiny_stress_seed0")
     mods = {"windowed": make_variant(prepare(decoder), "windowed", 25, 72),  # prepared, as export does: the session has lowered it
-            "stateful": make_variant(prepare(other), "stateful", 25, 0)}
+            "stateful": make_variant(prepare(other), "stateful", 25, 72)}
     root = copy_of(et_artifacts)
     work = Work(mods, {m: example_inputs(v) for m, v in mods.items()}, root, "code2wav")
     SerializePte().run(Lower("xnnpack").run(Export().run(mods, work), work), work)

@@ -4,6 +4,7 @@ cache; a cache key that changes with anything that changes the program; and what
 worker processes cannot be used."""
 
 import concurrent.futures.process
+import json
 import operator
 import os
 
@@ -31,7 +32,7 @@ def prepared(decoder):
 def two(prepared):
     """The windowed and stateful methods (chunks 1..25, context 72) of the session checkpoint,
     exported as the flows export them: the session's XNNPACK programs, so the lowering cache holds
-    them once any test has lowered them."""
+    them once any test has lowered them (the cache keys below are computed without lowering)."""
     return dict(_export(prepared, v, 25) for v in ("windowed", "stateful"))
 
 
@@ -41,31 +42,144 @@ def _whole(programs, partitioner):
     return lowering.lower_together(programs, partitioner).to_executorch().buffer
 
 
-def test_xnnpack_per_method_is_the_whole_program_byte_for_byte(two):
+class _Small(torch.nn.Module):
+    """The smallest module with what makes the byte identity worth checking: two methods over the same
+    conv and linear weights (XNNPACK names each by the hash of its bytes, so the combined program
+    keeps them once), a dynamic frame axis, and ops on each side of a delegate (an int64 lookup)."""
+
+    def __init__(self, step: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.conv, self.proj, self.step = torch.nn.Embedding(32, 8), torch.nn.Conv1d(8, 8, 3), \
+            torch.nn.Linear(8, 8), step
+
+    def share(self, other: "_Small") -> "_Small":
+        self.embed, self.conv, self.proj = other.embed, other.conv, other.proj
+        return self
+
+    def forward(self, codes, history):
+        x = self.embed(codes).transpose(1, 2)  # [1, 8, T]
+        x = torch.cat([history, x], -1) if self.step else torch.nn.functional.pad(x, (2, 0))
+        y = self.proj(self.conv(x).transpose(1, 2))  # [1, T, 8]
+        return (y, x[:, :, -2:]) if self.step else (y,)
+
+
+@pytest.fixture(scope="module")
+def small_two():
+    """Two methods of _Small sharing weights, frames 1..25 dynamic, exported once (~1 s)."""
+    offline = _Small(step=False)
+    step = _Small(step=True).share(offline)
+    t = torch.export.Dim("t", min=1, max=25)
+    codes, history = torch.randint(0, 32, (1, 25)), torch.zeros(1, 8, 2)
+    # weights frozen, as a loaded checkpoint's are (serde drops requires_grad, which a program records)
+    return {name: torch.export.export(m.eval().requires_grad_(False), (codes, history), dynamic_shapes=({1: t}, None))
+            for name, m in (("windowed", offline), ("stateful", step))}
+
+
+def test_xnnpack_per_method_is_the_whole_program_byte_for_byte(small_two, monkeypatch, tmp_path):
     """Each method lowered alone (as a worker or an earlier test of the session did), carried as
-    serde bytes (through the session's cache) and combined, against one to_edge_transform_and_lower
-    call of both: the same bytes, so the weights the methods share stay shared."""
-    assert lowering.lower_methods(two, "xnnpack").to_executorch().buffer == _whole(two, "xnnpack")
+    serde bytes (through a cache) and combined, against one to_edge_transform_and_lower call of both:
+    the same bytes, so the weights the methods share stay shared. The property is the mechanism's,
+    not the decoder's: a small module shows it (the decoder's own programs go through it in every
+    XNNPACK test of the session)."""
+    monkeypatch.setenv(lowering.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(lowering.WORKERS_ENV, "1")
+    assert lowering.lower_methods(small_two, "xnnpack").to_executorch().buffer == _whole(small_two, "xnnpack")
 
 
-def test_worker_processes_give_the_same_bytes(two, monkeypatch, tmp_path):
-    """Two worker processes, nothing cached (portable kernels: the cheap lowering), against the whole
-    call; then the same again from the cache they filled, with no lowering."""
+def _permuted_constants(buffer_of):
+    """A deliberate bug for the test above: lower_methods whose combine swaps which method gets which
+    lowered program (the bytes differ: each method's name and graph sit in the program)."""
+    def combine(arts):
+        names = list(arts)
+        return buffer_of(dict(zip(names, reversed([arts[m] for m in names]))))
+    return combine
+
+
+def test_the_byte_comparison_sees_methods_combined_wrongly(small_two, monkeypatch, tmp_path):
+    monkeypatch.setenv(lowering.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(lowering.WORKERS_ENV, "1")
+    monkeypatch.setattr(lowering, "combine", _permuted_constants(lowering.combine))
+    assert lowering.lower_methods(small_two, "xnnpack").to_executorch().buffer != _whole(small_two, "xnnpack")
+
+
+def test_worker_processes_give_the_same_bytes(small_two, monkeypatch, tmp_path):
+    """Two worker processes, nothing cached, against the whole call; then the same again from the
+    cache they filled, with no lowering."""
     monkeypatch.setenv(lowering.CACHE_ENV, str(tmp_path))
     monkeypatch.setenv(lowering.WORKERS_ENV, "2")
     lines = []
-    whole = _whole(two, "portable")
-    assert lowering.lower_methods(two, "portable", lines.append).to_executorch().buffer == whole
+    whole = _whole(small_two, "xnnpack")
+    assert lowering.lower_methods(small_two, "xnnpack", lines.append).to_executorch().buffer == whole
     assert "      lowering 2 method(s) in 2 worker processes" in lines
     assert sorted(line.split(" in ")[0].strip() for line in lines if line.endswith("(worker)")) == \
         ["lowered stateful", "lowered windowed"], lines
     assert len(list(tmp_path.glob("*.lowered"))) == 2
     lines.clear()
-    assert lowering.lower_methods(two, "portable", lines.append).to_executorch().buffer == whole
+    assert lowering.lower_methods(small_two, "xnnpack", lines.append).to_executorch().buffer == whole
     assert lines == ["      lowering: 2 of 2 method(s) lowered before (same program)"]
 
 
-def test_a_broken_pool_falls_back_to_this_process(two, monkeypatch):
+CORRUPTIONS = [  # (id, what happens to a cache entry between two sessions)
+    ("one-byte-flipped", lambda b: b[:100] + bytes([b[100] ^ 1]) + b[101:]),
+    ("torn-write", lambda b: b[: len(b) // 2]),
+    ("empty", lambda b: b""),
+    ("digest-of-other-bytes", lambda b: b"0" * 64 + b[64:]),
+]
+
+
+@pytest.mark.parametrize("damage", cases(CORRUPTIONS))
+def test_a_corrupt_cache_entry_is_discarded_and_lowered_again(small_two, monkeypatch, tmp_path, damage):
+    """A cache kept across sessions (--lower-cache) is never trusted blindly: an entry whose bytes do
+    not match the sha256 stored with them is discarded, said so, logged, and the method lowered
+    again, to the same bytes as a fresh lowering."""
+    one = {"windowed": small_two["windowed"]}
+    log = tmp_path / "log.jsonl"
+    monkeypatch.setenv(lowering.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(lowering.LOG_ENV, str(log))
+    monkeypatch.setenv(lowering.WORKERS_ENV, "1")
+    fresh = lowering.lower_methods(one, "xnnpack").to_executorch().buffer
+    (entry,) = (tmp_path / "cache").glob("*.lowered")
+    entry.write_bytes(damage(entry.read_bytes()))
+    lines = []
+    assert lowering.lower_methods(one, "xnnpack", lines.append).to_executorch().buffer == fresh
+    assert any(f"lowering cache: discarded a corrupt entry {entry.name}" in line for line in lines), lines
+    events = [json.loads(line)["event"] for line in log.read_text().splitlines()]
+    assert events == ["lowered", "discarded", "lowered"], events
+    lowering.lower_methods(one, "xnnpack")  # the entry written again is whole: read back
+    assert [json.loads(line)["event"] for line in log.read_text().splitlines()][-1] == "hit"
+
+
+def test_two_processes_never_lower_the_same_program_twice(small_two, monkeypatch, tmp_path):
+    """Two lowerings of one program at once sharing a cache (two xdist workers, a worker and a CLI
+    subprocess): one lowers, the other waits for its claim and reads the lowering back. (Two threads
+    here: each opens the claim's lock file itself, and flock holds per open file.)"""
+    import threading
+
+    one, log = {"windowed": small_two["windowed"]}, tmp_path / "log.jsonl"
+    monkeypatch.setenv(lowering.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(lowering.LOG_ENV, str(log))
+    monkeypatch.setenv(lowering.WORKERS_ENV, "1")
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(lowering.lower_methods(one, "xnnpack").to_executorch().buffer))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(out) == 2 and out[0] == out[1]
+    assert sorted(json.loads(line)["event"] for line in log.read_text().splitlines()) == ["hit", "lowered"]
+
+
+def test_the_cache_key_follows_the_lowering_code(small_two, monkeypatch):
+    """An edit of the code that runs inside a lowering (the constant folding, the partition cap)
+    changes every key: a kept cache never serves a lowering made by other code."""
+    key = lowering.program_key(small_two["windowed"], "xnnpack")
+    monkeypatch.setattr(lowering, "code_digest", lambda: "edited")
+    assert lowering.program_key(small_two["windowed"], "xnnpack") != key
+
+
+def test_a_broken_pool_falls_back_to_this_process(small_two, monkeypatch):
     """Worker processes that cannot start (a script without a __main__ guard breaks the pool) leave
     the lowering to this process, and the progress says so."""
     def broken(*args):
@@ -75,8 +189,8 @@ def test_a_broken_pool_falls_back_to_this_process(two, monkeypatch):
     monkeypatch.setenv(lowering.WORKERS_ENV, "2")
     monkeypatch.setattr(lowering, "_lower_in_pool", broken)
     lines = []
-    one = {"windowed": two["windowed"]}
-    assert lowering.lower_methods({**one, "again": two["windowed"]}, "portable", lines.append).methods == {"windowed", "again"}
+    one = {"windowed": small_two["windowed"]}
+    assert lowering.lower_methods({**one, "again": small_two["windowed"]}, "portable", lines.append).methods == {"windowed", "again"}
     assert any("worker processes failed (a child process terminated abruptly); lowering the rest in this process" in s
                for s in lines), lines
 

@@ -89,21 +89,40 @@ def _plain_xnnpack():
     return [XnnpackPartitioner()]
 
 
-@pytest.mark.parametrize("capped", [True, False], ids=["capped", "plain-xnnpack-partitioner"])
-def test_no_delegate_holds_most_of_the_weights(decoder, monkeypatch, capped):
+def test_no_delegate_holds_most_of_the_weights(decoder):
     """Loading packs a partition while all its source weights are mapped, so the heaviest partition
-    sets the load peak (reports/real/bench.md). The check fails on the plain partitioner."""
-    if not capped:
-        monkeypatch.setitem(lowering.PARTITIONERS, "xnnpack", _plain_xnnpack)
+    sets the load peak (reports/real/bench.md). The session's own stateful program (the lowering
+    cache): delegated whole, one partition cut in two by the cap."""
     m = make_variant(prepare(decoder), "stateful", 25, 72)
     ep = export_variant(m, example_inputs(m))
-    # capped: the session's own program (from the lowering cache once lowered); plain: never cached
-    # (its key would be the capped one's)
-    lower = lowering.lower_methods if capped else lowering.lower_together
-    shares = delegate_shares(lower({m.method: ep}, "xnnpack").exported_program(m.method))
-    print(f"{'capped' if capped else 'plain'}: delegate weight shares {shares}")
+    shares = delegate_shares(lowering.lower_methods({m.method: ep}, "xnnpack").exported_program(m.method))
+    print(f"capped: delegate weight shares {shares}")
+    assert max(shares) <= TINY_HEAVIEST_SHARE and len(shares) == 2, shares
+
+
+class _ConvChain(torch.nn.Module):
+    """Four equal convs over a dynamic frame axis: the smallest graph XNNPACK delegates whole."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.convs = torch.nn.Sequential(*(torch.nn.Conv1d(8, 8, 3, padding=1) for _ in range(4)))
+
+    def forward(self, x):
+        return self.convs(x)
+
+
+@pytest.mark.parametrize("capped", [True, False], ids=["capped", "plain-xnnpack-partitioner"])
+def test_the_share_check_fails_on_the_plain_partitioner(monkeypatch, capped):
+    """The check above on the smallest graph that shows it: the plain partitioner puts every weight in
+    one delegate (share 1.0) and fails it; the capped one cuts it in two."""
+    if not capped:
+        monkeypatch.setitem(lowering.PARTITIONERS, "xnnpack", _plain_xnnpack)
+    t = torch.export.Dim("t", min=1, max=25)
+    ep = torch.export.export(_ConvChain().eval().requires_grad_(False), (torch.randn(1, 8, 25),), dynamic_shapes=({2: t},))
+    shares = delegate_shares(lowering.lower_together({"forward": ep}, "xnnpack").exported_program("forward"))
     assert (max(shares) <= TINY_HEAVIEST_SHARE) == capped, shares
-    assert len(shares) == (2 if capped else 1), shares  # delegated whole: one partition, cut in two by the cap
+    assert len(shares) == (2 if capped else 1), shares
 
 
 def quantize_per_tensor(x):  # stand-ins: groups_between_cuts knows q/dq ops by name

@@ -57,8 +57,9 @@ def test_the_frontier_writes_a_row_per_precision(model_dir, tmp_path):
     from c2w_export.report import frontier
 
     out = tmp_path / "frontier.md"
+    # chunks 1..25: the session's own stateful XNNPACK program (the lowering cache), not one more lowering
     assert frontier.main(["--model", model_dir, "--out", str(out), "--precisions", "fp32", "int8-linears",
-                          "--chunks", "1", "4", "--frames", "6"]) == 0
+                          "--chunks", "1", "25", "--frames", "26"]) == 0
     rows = {line.split(" | ")[0]: line for line in out.read_text().splitlines() if line.startswith("| fp32 ") or
             line.startswith("| int8-linears ")}
     assert rows["| fp32"].endswith("| pass |") and "not built: " in rows["| int8-linears"], rows
@@ -81,3 +82,18 @@ def test_the_fp16_sensitivity_covers_every_part(decoder, tmp_path, monkeypatch):
     monkeypatch.setattr(sensitivity, "PARTS", {k: v for k, v in sensitivity.PARTS.items() if k != "decoder.block2"})
     broken = sensitivity.measure(decoder, frames=5, progress=lambda s: None)
     assert broken["cumulative"][-1]["snr_db"] < 80, broken["cumulative"][-1]
+
+
+def test_the_time_budget_names_files_lowerings_and_the_slowest_tests():
+    """reports/parity.md's 'where the time went', by hand: a program lowered twice is said so."""
+    from c2w_export.report.parity import time_section
+
+    lines = time_section({"wall_s": 480.0, "workers": 2, "test_s": 900.0, "files": {"tests/a.py": 100.0, "tests/b.py": 800.0},
+                          "slowest": [("tests/b.py::test_x", 300.0)], "lowered": 5, "distinct": 4, "lowering_s": 200.0,
+                          "hits": 7, "discarded": 0})
+    assert "8.0 min wall with 2 worker(s); 15.0 worker-minutes of tests (setup, call and teardown)." in lines
+    assert ("Lowerings: 5 method program(s) lowered (4 distinct, 1 lowered again) in 200 s; 7 read back from the "
+            "lowering cache; 0 corrupt cache entr(ies) discarded.") in lines
+    files = [line for line in lines if line.startswith("| tests/")]
+    assert files == ["| tests/b.py | 800.0 |", "| tests/a.py | 100.0 |"]  # slowest first
+    assert "| `tests/b.py::test_x` | 300.0 |" in lines

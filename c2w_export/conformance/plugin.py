@@ -40,10 +40,14 @@ def pytest_configure(config):
     examples = config.getoption("c2w_examples")
     if examples < 1:
         raise pytest.UsageError(f"--c2w-examples must be >= 1, got {examples}")
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, Phase, settings
 
+    # no shrink phase: each example runs a program, and shrinking every failing check of a broken
+    # program took minutes per check; the first failing example is reported as drawn (derandomized,
+    # so a re-run draws it again)
     settings.register_profile(PROFILE, max_examples=examples, deadline=None, derandomize=True, database=None,
-                              print_blob=True, suppress_health_check=list(HealthCheck))
+                              print_blob=True, phases=(Phase.explicit, Phase.generate),
+                              suppress_health_check=list(HealthCheck))
     config.addinivalue_line("markers", "c2w_absent: a conformance test with no instance (deselected)")
     config.stash[KEY] = Conformance(root, config.getoption("c2w_model"))
     if config.args_source == pytest.Config.ArgsSource.ARGS:

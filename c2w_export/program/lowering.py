@@ -11,15 +11,21 @@ method in one call (tests/test_lowering.py). Before partitioning, what depends o
 alone is computed once and stored (fold_constants).
 
 With C2W_LOWER_CACHE naming a directory, a method whose exported program (graph, shapes, metadata,
-weights) was lowered before with the same partitioner, by any process sharing that directory, is
-not lowered again. Only the test suite sets it, to a directory that lives for one session
-(tests/conftest.py), so the many tests that export the same tiny programs lower each once.
+weights) was lowered before with the same partitioner, lowering code and versions, by any process
+sharing that directory, is not lowered again. The test suite sets it to a directory that lives for
+one session (tests/conftest.py), so the many tests that export the same tiny programs lower each
+once; `pytest --lower-cache DIR` keeps one across sessions (opt-in, never in CI). Each entry
+carries the sha256 of its bytes: an entry that does not match, or does not load, is discarded and
+the method lowered again, never trusted. With C2W_LOWER_LOG naming a file, every method lowered
+or read back appends one JSON line to it (the suite's time budget in reports/parity.md).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import concurrent.futures.process  # BrokenProcessPool (not loaded by `import concurrent.futures` alone)
+import contextlib
+import functools
 import hashlib
 import io
 import multiprocessing
@@ -33,6 +39,7 @@ import torch
 from ..fileio import atomic_write
 
 CACHE_ENV = "C2W_LOWER_CACHE"  # a directory shared by the processes of one test session
+LOG_ENV = "C2W_LOWER_LOG"  # a file: one JSON line per method lowered or read from the cache
 WORKERS_ENV = "C2W_LOWER_WORKERS"  # worker processes; default: the cores this process may use
 _NAME = "method"  # the name a lone method is lowered under (a method's name does not change its lowering)
 
@@ -120,16 +127,27 @@ def worker_pool(n: int) -> concurrent.futures.ProcessPoolExecutor:
                                                   initializer=_die_with_parent)
 
 
+LOWERING_CODE = ("lowering.py", "partition.py")  # this package's code that runs inside a lowering
+
+
+@functools.lru_cache(maxsize=None)
+def code_digest() -> str:
+    """sha256 of the sources of LOWERING_CODE: a cache kept across sessions (--lower-cache) never
+    serves a lowering that an edit of the pass or the partitioner would change."""
+    h = hashlib.sha256()
+    for name in LOWERING_CODE:
+        with open(os.path.join(os.path.dirname(__file__), name), "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
 def program_key(ep, partitioner: str) -> str:
     """sha256 over what lowering reads: every node (op, target, arguments, output shape and dtype,
     the source module and function it came from), the signature, the dynamic dims' ranges, every weight's bytes, the
-    partitioner and the torch/ExecuTorch versions."""
+    partitioner, the code that lowers (code_digest) and the torch/ExecuTorch versions."""
     from ..env import versions
 
-    from .partition import MAX_PARTITION_SHARE
-
-    h = hashlib.sha256(repr((partitioner, MAX_PARTITION_SHARE, versions()["torch"],
-                             versions()["executorch"])).encode())
+    h = hashlib.sha256(repr((partitioner, code_digest(), versions()["torch"], versions()["executorch"])).encode())
     for n in ep.graph.nodes:
         val = n.meta.get("val")
         shape = (tuple(val.shape), str(val.dtype)) if isinstance(val, torch.Tensor) else repr(val)
@@ -213,19 +231,45 @@ def _disk(key: str):
     return None if not root else os.path.join(root, f"{key}.lowered")
 
 
-def _cached(key: str):
+def _log(**fields) -> None:
+    """One JSON line to C2W_LOWER_LOG (an O_APPEND write of one line: whole, with many writers)."""
+    path = os.environ.get(LOG_ENV)
+    if path:
+        import json
+
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(fields) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def _cached(key: str, progress: Callable[[str], None] = lambda s: None):
+    """The lowered method stored under `key`, or None: absent, or discarded because its bytes do not
+    match the sha256 stored with them or do not unpickle (a torn write, a damaged disk, an edit)."""
     path = _disk(key)
-    if path and os.path.exists(path):
-        with open(path, "rb") as f:
-            return pickle.load(f)
-    return None
+    if not path or not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        digest, data = f.read(64), f.read()
+    try:
+        if digest.decode("ascii", "replace") != hashlib.sha256(data).hexdigest():
+            raise ValueError("its sha256 does not match its bytes")
+        return pickle.loads(data)
+    except Exception as e:  # noqa: BLE001 -- whatever is wrong with an entry, it is lowered again
+        progress(f"      lowering cache: discarded a corrupt entry {os.path.basename(path)} ({type(e).__name__}: "
+                 f"{str(e)[:80]}); lowering it again")
+        _log(event="discarded", key=key)
+        os.unlink(path)
+        return None
 
 
 def _store(key: str, art) -> None:
     path = _disk(key)
     if path:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        atomic_write(path, lambda f: pickle.dump(art, f))
+        data = pickle.dumps(art)
+        atomic_write(path, lambda f: f.write(hashlib.sha256(data).hexdigest().encode() + data))
 
 
 def _lower_in_pool(programs, misses, partitioner, n, quiet, keys, arts, progress) -> None:
@@ -259,6 +303,7 @@ def _lower_in_pool(programs, misses, partitioner, n, quiet, keys, arts, progress
                     continue
                 arts[m] = art
                 _store(keys[m], art)
+                _log(event="lowered", key=keys[m], seconds=took)
                 progress(f"      lowered {m} in {took:.1f}s (worker)")
 
 
@@ -269,8 +314,42 @@ def lower_methods(programs: Mapping[str, object], partitioner: str,
     lowered in worker processes when there are more than one and more than one worker, else in one
     call here. Raises a RuntimeError naming the method(s) that failed."""
     keys = {m: program_key(ep, partitioner) for m, ep in programs.items()}
-    arts = {m: _cached(k) for m, k in keys.items()}
+    arts = {m: _cached(k, progress) for m, k in keys.items()}
+    with _claimed(sorted({keys[m] for m, a in arts.items() if a is None}), progress):
+        for m, a in arts.items():  # what another process lowered while this one waited for its claim
+            arts[m] = a if a is not None else _cached(keys[m], progress)
+        return _lower_misses(programs, partitioner, progress, quiet, keys, arts)
+
+
+@contextlib.contextmanager
+def _claimed(keys: list[str], progress: Callable[[str], None]):
+    """Hold an exclusive lock on each key (in sorted order: no two processes wait on each other) while
+    this process lowers them, so two processes sharing a cache (xdist workers, CLI subprocesses) never
+    lower the same program twice: the second waits, then reads the first one's lowering back."""
+    root = _cache_root()
+    if not root or not keys:
+        yield
+        return
+    import fcntl
+
+    os.makedirs(root, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        for key in keys:
+            f = stack.enter_context(open(os.path.join(root, f"{key}.lock"), "w"))
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                progress(f"      waiting for another process that is lowering the same program ({key[:12]})")
+                fcntl.flock(f, fcntl.LOCK_EX)  # released when that process closes it, or dies
+        yield
+
+
+def _lower_misses(programs, partitioner, progress, quiet, keys, arts):
+    """lower_methods past the cache look-up: `arts` {method: lowered or None}."""
     misses = [m for m, a in arts.items() if a is None]
+    for m in programs:
+        if arts[m] is not None:
+            _log(event="hit", key=keys[m])
     if len(misses) < len(programs):
         progress(f"      lowering: {len(programs) - len(misses)} of {len(programs)} method(s) lowered before (same program)")
     n = 0
@@ -294,7 +373,10 @@ def lower_methods(programs: Mapping[str, object], partitioner: str,
             edge = lower_together({m: programs[m] for m in rest}, partitioner)
         except Exception as e:
             raise RuntimeError(f"lowering {rest} failed: {type(e).__name__}: {e}") from e
-        progress(f"      lowered {', '.join(rest)} in {time.perf_counter() - t:.1f}s")
+        took = time.perf_counter() - t
+        for m in rest:  # one call: its seconds shared evenly
+            _log(event="lowered", key=keys[m], seconds=took / len(rest))
+        progress(f"      lowered {', '.join(rest)} in {took:.1f}s")
         if len(rest) == len(programs) and not _cache_root():  # nothing to combine with, nothing to keep
             return edge  # (serde of a real-size program alone costs tens of seconds)
         for m in rest:

@@ -81,9 +81,29 @@ def regressions(rows: Iterable[dict], baseline: dict | None) -> list[str]:
             for k, ratio in sorted(drift(rows, baseline).items()) if ratio > BASELINE_GROWTH]
 
 
+def time_section(t: dict) -> list[str]:
+    """'Where the time went' of a complete run: `t` from the suite's time budget (tests/conftest.py):
+    wall_s, workers, test_s, files {file: s}, slowest [(test, s)], lowered, distinct, lowering_s, hits,
+    discarded."""
+    wall = f"{t['wall_s'] / 60:.1f} min wall" if t.get("wall_s") else "wall time unknown"
+    repeated = t["lowered"] - t["distinct"]
+    lines = ["", "## Where the time went", "",
+             f"{wall} with {t['workers'] or 1} worker(s); {t['test_s'] / 60:.1f} worker-minutes of tests "
+             "(setup, call and teardown).", "",
+             f"Lowerings: {t['lowered']} method program(s) lowered ({t['distinct']} distinct"
+             f"{f', {repeated} lowered again' if repeated else ''}) in {t['lowering_s']:.0f} s; "
+             f"{t['hits']} read back from the lowering cache; {t['discarded']} corrupt cache entr(ies) discarded.", "",
+             "| test file | s |", "|---|---|"]
+    lines += [f"| {f} | {s:.1f} |" for f, s in sorted(t["files"].items(), key=lambda kv: -kv[1])]
+    lines += ["", "The ten slowest tests:", "", "| test | s |", "|---|---|"]
+    lines += [f"| `{n}` | {s:.1f} |" for n, s in t["slowest"]]
+    return lines
+
+
 def write_parity_reports(rows: list[dict], out: Path, suffix: str = "", config: str = "tiny",
-                         baseline: dict | None = None) -> None:
-    """numerics{suffix}.md and parity{suffix}.md from the rows of a complete run."""
+                         baseline: dict | None = None, timing: dict | None = None) -> None:
+    """numerics{suffix}.md and parity{suffix}.md from the rows of a complete run; `timing`, when
+    given, adds where the run's time went to parity{suffix}.md (time_section)."""
     out.mkdir(parents=True, exist_ok=True)
     ratios = drift(rows, baseline)
     base_note = (f"Drift: max abs now / in the committed baseline ({BASELINE_FILE}: "
@@ -120,4 +140,6 @@ def write_parity_reports(rows: list[dict], out: Path, suffix: str = "", config: 
         fd = flow_drift.get(f)
         lines.append(f"| {f} | {v} | {r.get('reference', '-')} | {r['max_abs']:.3g} | {_snr(r['snr_db'])} | "
                      f"{r.get('chunk') or '-'} | {'-' if fd is None else f'{fd:.2f}x'} |")
+    if timing:
+        lines += time_section(timing)
     (out / f"parity{suffix}.md").write_text("\n".join(lines) + "\n")

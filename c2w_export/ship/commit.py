@@ -15,11 +15,22 @@ import ctypes
 import json
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
 MANIFEST = "manifest.json"
 _RENAME_EXCHANGE, _AT_FDCWD = 2, -100
+# Tests only (tests/test_commit.py): the name of a point of an export at which its process kills
+# itself with SIGKILL, so every step of the commit can be interrupted on purpose. Unset: no effect.
+KILL_ENV = "C2W_TEST_KILL_AT"
+KILL_POINTS = ("staged", "built", "manifest", "exchanged", "aside", "replaced")
+
+
+def kill_point(name: str) -> None:
+    """SIGKILL this process here when C2W_TEST_KILL_AT names this point (see KILL_POINTS)."""
+    if os.environ.get(KILL_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class CommitError(ValueError):
@@ -102,9 +113,12 @@ def commit(staging: Path, target: Path) -> None:
         staging.rename(target)  # rename(2) replaces an empty directory in one step
         return
     if _exchange(staging, target):  # staging now holds the old artifacts
+        kill_point("exchanged")
         shutil.rmtree(staging, ignore_errors=True)
         return
     aside = target.parent / f".{target.name}.old-{os.getpid()}"
     target.rename(aside)
+    kill_point("aside")
     staging.rename(target)
+    kill_point("replaced")
     shutil.rmtree(aside, ignore_errors=True)

@@ -23,7 +23,7 @@ from ..program.runner import Dispatch, Runner
 from ..program.streaming import DEFAULT_CONTEXT, DEFAULT_MAX_CHUNK, DEFAULT_RAMP, check_ramp, stream_check, stream_frames
 from ..program.variants import VARIANTS
 from . import manifest as mf
-from .commit import CommitError, commit, staging_for
+from .commit import CommitError, commit, kill_point, staging_for
 
 
 def export_artifacts(model: str, out_dir: Path, *, ramp: Sequence[int] = DEFAULT_RAMP, max_chunk: int = DEFAULT_MAX_CHUNK,
@@ -67,6 +67,7 @@ def export_artifacts(model: str, out_dir: Path, *, ramp: Sequence[int] = DEFAULT
     except CommitError as e:
         raise FlowError(str(e)) from None
     try:
+        kill_point("staged")
         progress(f"exporting {len(variants)} {precision} program(s) with {flow.name}: variants {list(variants)}, "
                  f"chunks 1..{max_chunk}, context {context}, decode ramp {ramp}"
                  f"{', one multi-method file' if multi_method else ''}")
@@ -75,6 +76,7 @@ def export_artifacts(model: str, out_dir: Path, *, ramp: Sequence[int] = DEFAULT
                      f"{describe_arithmetic(get_precision(precision).arithmetic())}")
         results, loaded = build(decoder, flow, variants, max_chunk, context, staging, multi_method=multi_method,
                                 windows=windows, seed=seed, progress=progress, reference=reference)
+        kill_point("built")
         runners = {r.spec.method: Runner(flow.name, loaded[r.spec.method], {r.spec.method: r.spec}, cfg.codebook_size)
                    for r in results}
         frames = stream_frames(ramp, 3, context if "windowed" in variants else 0)
@@ -101,6 +103,7 @@ def export_artifacts(model: str, out_dir: Path, *, ramp: Sequence[int] = DEFAULT
             if f.name.startswith(".") or not f.is_file():
                 shutil.rmtree(f) if f.is_dir() else f.unlink()
         mf.write(staging, manifest)
+        kill_point("manifest")
         commit(staging, out_dir)
         progress(f"wrote {len(results)} program(s) and {mf.MANIFEST} to {out_dir}")
         return manifest

@@ -18,6 +18,7 @@ processes: they get the full check.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -87,6 +88,9 @@ def in_child(fn, *args, timeout: float = TIMEOUT_S) -> tuple[object, str | None]
         pid = os.fork()
         if pid == 0:
             try:
+                # a child that dies is this function's answer (`why`, one line), not a fault to dump:
+                # no "Fatal Python error" stack from a handler the parent installed (pytest's, for one)
+                faulthandler.disable()
                 flows.QUIET_NATIVE = True
                 out.write_text(json.dumps(fn(*args)))
             finally:
