@@ -169,16 +169,11 @@ def lower_together(programs: Mapping[str, object], partitioner: str):
     """{method: ExportedProgram} lowered in one ExecuTorch call -> its EdgeProgramManager. One call
     costs less than one per method (measured 10-20% on tiny), so this process lowers what it has to
     lower this way."""
-    from executorch.exir import EdgeCompileConfig, to_edge, to_edge_transform_and_lower
+    from executorch.exir import to_edge, to_edge_transform_and_lower
 
     partitioners, passes = PARTITIONERS[partitioner](), [fold_constants()]
-    # Without the EXIR verifier after every step: it only checks (the .pte is the same, byte for byte:
-    # measured on the tiny fp32 stateful, fp16 windowed and portable windowed programs) and took 8-22% of
-    # a tiny XNNPACK lowering (AMD EPYC, 2026-12-07). Every program is still run against eager.
-    config = EdgeCompileConfig(_check_ir_validity=False)
-    return (to_edge_transform_and_lower(dict(programs), transform_passes=passes, partitioner=partitioners,
-                                        compile_config=config)
-            if partitioners else to_edge(dict(programs), compile_config=config).transform(passes))
+    return (to_edge_transform_and_lower(dict(programs), transform_passes=passes, partitioner=partitioners)
+            if partitioners else to_edge(dict(programs)).transform(passes))
 
 
 def fold_constants():
