@@ -67,13 +67,7 @@ class _Small(torch.nn.Module):
 @pytest.fixture(scope="module")
 def small_two():
     """Two methods of _Small sharing weights, frames 1..25 dynamic, exported once (~1 s)."""
-    offline = _Small(step=False)
-    step = _Small(step=True).share(offline)
-    t = torch.export.Dim("t", min=1, max=25)
-    codes, history = torch.randint(0, 32, (1, 25)), torch.zeros(1, 8, 2)
-    # weights frozen, as a loaded checkpoint's are (serde drops requires_grad, which a program records)
-    return {name: torch.export.export(m.eval().requires_grad_(False), (codes, history), dynamic_shapes=({1: t}, None))
-            for name, m in (("windowed", offline), ("stateful", step))}
+    return _small_programs()
 
 
 def test_xnnpack_per_method_is_the_whole_program_byte_for_byte(small_two, monkeypatch, tmp_path):
@@ -150,25 +144,34 @@ def test_a_corrupt_cache_entry_is_discarded_and_lowered_again(small_two, monkeyp
     assert [json.loads(line)["event"] for line in log.read_text().splitlines()][-1] == "hit"
 
 
-def test_two_processes_never_lower_the_same_program_twice(small_two, monkeypatch, tmp_path):
-    """Two lowerings of one program at once sharing a cache (two xdist workers, a worker and a CLI
-    subprocess): one lowers, the other waits for its claim and reads the lowering back. (Two threads
-    here: each opens the claim's lock file itself, and flock holds per open file.)"""
-    import threading
+def _small_programs():
+    offline = _Small(step=False)
+    step = _Small(step=True).share(offline)
+    t = torch.export.Dim("t", min=1, max=25)
+    codes, history = torch.randint(0, 32, (1, 25)), torch.zeros(1, 8, 2)
+    # weights frozen, as a loaded checkpoint's are (serde drops requires_grad, which a program records)
+    return {name: torch.export.export(m.eval().requires_grad_(False), (codes, history), dynamic_shapes=({1: t}, None))
+            for name, m in (("windowed", offline), ("stateful", step))}
 
-    one, log = {"windowed": small_two["windowed"]}, tmp_path / "log.jsonl"
-    monkeypatch.setenv(lowering.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setenv(lowering.LOG_ENV, str(log))
-    monkeypatch.setenv(lowering.WORKERS_ENV, "1")
-    edges = []  # the threads only lower: torch.fx keeps some flags per process (preserve_node_meta), and
-    # two threads in fx passes at once can leave one set, which breaks every later lowering of the process
-    threads = [threading.Thread(target=lambda: edges.append(lowering.lower_methods(one, "xnnpack"))) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    out = [e.to_executorch().buffer for e in edges]
-    assert len(out) == 2 and out[0] == out[1]
+
+def _lower_windowed(cache: str, log: str) -> str:
+    """In a spawned process: lower the small windowed method through `cache` -> the sha256 of its .pte."""
+    import hashlib
+
+    os.environ.update({lowering.CACHE_ENV: cache, lowering.LOG_ENV: log, lowering.WORKERS_ENV: "1"})
+    one = {"windowed": _small_programs()["windowed"]}
+    return hashlib.sha256(lowering.lower_methods(one, "xnnpack").to_executorch().buffer).hexdigest()
+
+
+def test_two_processes_never_lower_the_same_program_twice(tmp_path):
+    """Two processes lowering one program at once through one cache (two xdist workers, a worker and a
+    CLI subprocess): one lowers, the other waits for its claim and reads the lowering back."""
+    import multiprocessing
+
+    log = tmp_path / "log.jsonl"
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        digests = pool.starmap(_lower_windowed, [(str(tmp_path / "cache"), str(log))] * 2)
+    assert digests[0] == digests[1]
     assert sorted(json.loads(line)["event"] for line in log.read_text().splitlines()) == ["hit", "lowered"]
 
 
