@@ -81,19 +81,19 @@ def test_xnnpack_per_method_is_the_whole_program_byte_for_byte(small_two, monkey
     assert lowering.lower_methods(small_two, "xnnpack").to_executorch().buffer == _whole(small_two, "xnnpack")
 
 
-def _permuted_constants(buffer_of):
+def _swapped_methods(real_combine):
     """A deliberate bug for the test above: lower_methods whose combine swaps which method gets which
     lowered program (the bytes differ: each method's name and graph sit in the program)."""
     def combine(arts):
         names = list(arts)
-        return buffer_of(dict(zip(names, reversed([arts[m] for m in names]))))
+        return real_combine(dict(zip(names, reversed([arts[m] for m in names]))))
     return combine
 
 
 def test_the_byte_comparison_sees_methods_combined_wrongly(small_two, monkeypatch, tmp_path):
     monkeypatch.setenv(lowering.CACHE_ENV, str(tmp_path))
     monkeypatch.setenv(lowering.WORKERS_ENV, "1")
-    monkeypatch.setattr(lowering, "combine", _permuted_constants(lowering.combine))
+    monkeypatch.setattr(lowering, "combine", _swapped_methods(lowering.combine))
     assert lowering.lower_methods(small_two, "xnnpack").to_executorch().buffer != _whole(small_two, "xnnpack")
 
 
