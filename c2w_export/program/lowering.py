@@ -260,7 +260,8 @@ def _cached(key: str, progress: Callable[[str], None] = lambda s: None):
         progress(f"      lowering cache: discarded a corrupt entry {os.path.basename(path)} ({type(e).__name__}: "
                  f"{str(e)[:80]}); lowering it again")
         _log(event="discarded", key=key)
-        os.unlink(path)
+        with contextlib.suppress(FileNotFoundError):  # another process sharing the cache discarded it first
+            os.unlink(path)
         return None
 
 
