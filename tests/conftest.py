@@ -213,6 +213,11 @@ def time_budget(config) -> dict:
     if log and os.path.exists(log):
         events = [json.loads(line) for line in Path(log).read_text().splitlines() if line.strip()]
     lowered = [e for e in events if e["event"] == "lowered"]
+    by_test: dict[str, list] = {}  # the test a lowering happened in -> [methods, seconds]
+    for e in lowered:
+        row = by_test.setdefault(e.get("test") or "(outside a test)", [[], 0.0])
+        row[0].append(f"{e.get('method', '?')} ({e.get('partitioner', '?')})")
+        row[1] += e["seconds"]
     files: dict[str, float] = {}
     for nodeid, s in DURATIONS.items():
         f = nodeid.split("::")[0]
@@ -223,7 +228,8 @@ def time_budget(config) -> dict:
             "slowest": sorted(DURATIONS.items(), key=lambda kv: -kv[1])[:10],
             "lowered": len(lowered), "distinct": len({e["key"] for e in lowered}),
             "lowering_s": sum(e["seconds"] for e in lowered), "hits": sum(e["event"] == "hit" for e in events),
-            "discarded": sum(e["event"] == "discarded" for e in events)}
+            "discarded": sum(e["event"] == "discarded" for e in events),
+            "by_test": {k: (sorted(v[0]), v[1]) for k, v in by_test.items()}}
 
 
 def partial_reason(session, exitstatus) -> str | None:

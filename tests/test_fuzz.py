@@ -667,6 +667,26 @@ def test_in_child_returns_the_value_or_why_the_child_died():
     assert in_child(lambda: 1 / 0) == (None, "failed in a child process")
 
 
+def test_a_child_computes_after_this_process_used_openmp_threads():
+    """A fork holds only the thread that forked: after the parent computed on OpenMP's threads, a
+    parallel op in the child waited for them until the timeout (the hang a serial, randomly ordered
+    run met in a probe's Method.execute). In a fresh process on two threads, whatever this worker
+    runs on: a sum large enough to be split across threads, computed in the child."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import torch
+        from c2w_export.ship.probe import in_child
+        torch.set_num_threads(2)
+        torch.randn(1000, 1000) @ torch.randn(1000, 1000)  # OpenMP's threads start here
+        print(in_child(lambda: float(torch.ones(4_000_000).sum()), timeout=30))
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert p.stdout.strip().splitlines()[-1:] == ["(4000000.0, None)"], p.stdout[-2000:] + p.stderr[-2000:]
+
+
 def _abort(*_):
     os.abort()
 

@@ -378,20 +378,50 @@ def test_dynamic_programs_are_delegated_whole(programs, pytestconfig):
         assert "view_copy" not in d["outside"], (variant, d)
 
 
-def test_a_reshape_with_a_symbolic_size_splits_the_delegate(decoder, monkeypatch):
-    """The check above on a deliberate bug: the phase interleave written as a reshape of the
-    transposed tensor (export traces it with the size computed, a symbolic size XNNPACK does not
-    delegate) leaves ops between partitions, and more partitions."""
+def _symbolic_interleave(y, stride):
+    """The deliberate bug: the phase interleave written as a reshape of the transposed tensor (export
+    traces it with the size computed, a symbolic size XNNPACK does not delegate)."""
+    b, channels, t = y.shape
+    return y.view(b, channels // stride, stride, t).transpose(2, 3).reshape(b, channels // stride, t * stride)
+
+
+class _Interleaved(torch.nn.Module):
+    """The smallest graph the check needs: a conv whose output phases are interleaved in time
+    (prepare.interleave_phases, looked up when called, so a patched one is what is traced) into a
+    second conv, on a dynamic chunk."""
+
+    def __init__(self):
+        super().__init__()
+        self.phases, self.after = torch.nn.Conv1d(4, 8, 3), torch.nn.Conv1d(4, 4, 1)
+
+    def forward(self, x):
+        from c2w_export.program import prepare as pp
+
+        return torch.relu(self.after(pp.interleave_phases(self.phases(x), 2)))
+
+
+INTERLEAVES = [  # (id, the interleave traced, whether the delegate splits)
+    ("as-shipped", None, False),
+    ("reshape-with-a-symbolic-size", _symbolic_interleave, True),
+]
+
+
+@pytest.mark.parametrize("interleave,splits", cases(INTERLEAVES))
+def test_a_reshape_with_a_symbolic_size_splits_the_delegate(monkeypatch, interleave, splits):
+    """The check above on a deliberate bug, on a small module (the decoder's phase interleave
+    between two convs, chunks 4..27): the shipped interleave leaves nothing outside the delegate;
+    the reshape with a symbolic size leaves view_copy between partitions, and more partitions."""
     from c2w_export.program import prepare as pp
 
-    def symbolic(y, stride):
-        b, channels, t = y.shape
-        return y.view(b, channels // stride, stride, t).transpose(2, 3).reshape(b, channels // stride, t * stride)
-
-    monkeypatch.setattr(pp, "interleave_phases", symbolic)
-    _, ep = _export(prepare(decoder), "stateful", 25)
-    d = delegation(lowering.lower_together({"stateful": ep}, "xnnpack").exported_program("stateful").graph)
-    assert d["between_ops"] > 0 and d["partitions"] > 3 and "view_copy" in d["outside"], d
+    if interleave:
+        monkeypatch.setattr(pp, "interleave_phases", interleave)
+    ep = torch.export.export(_Interleaved().eval(), (torch.randn(1, 4, 10),),
+                             dynamic_shapes=({2: torch.export.Dim("t", min=4, max=27)},))
+    d = delegation(lowering.lower_together({"f": ep}, "xnnpack").exported_program("f").graph)
+    if splits:
+        assert d["between_ops"] > 0 and d["partitions"] > 2 and "view_copy" in d["outside"], d
+    else:
+        assert d["between_ops"] == 0 and d["partitions"] <= 2 and not d["outside"], d
 
 
 def test_export_refuses_a_chunk_range_a_guard_narrowed(prepared):

@@ -90,10 +90,14 @@ def test_the_time_budget_names_files_lowerings_and_the_slowest_tests():
 
     lines = time_section({"wall_s": 480.0, "workers": 2, "test_s": 900.0, "files": {"tests/a.py": 100.0, "tests/b.py": 800.0},
                           "slowest": [("tests/b.py::test_x", 300.0)], "lowered": 5, "distinct": 4, "lowering_s": 200.0,
-                          "hits": 7, "discarded": 0})
+                          "hits": 7, "discarded": 0, "by_test": {"tests/a.py::test_y": (["stateful (xnnpack)"], 50.0),
+                                                                 "tests/b.py::test_x": (["windowed (xnnpack)"] * 2, 150.0)}})
     assert "8.0 min wall with 2 worker(s); 15.0 worker-minutes of tests (setup, call and teardown)." in lines
     assert ("Lowerings: 5 method program(s) lowered (4 distinct, 1 lowered again) in 200 s; 7 read back from the "
             "lowering cache; 0 corrupt cache entr(ies) discarded.") in lines
     files = [line for line in lines if line.startswith("| tests/")]
     assert files == ["| tests/b.py | 800.0 |", "| tests/a.py | 100.0 |"]  # slowest first
     assert "| `tests/b.py::test_x` | 300.0 |" in lines
+    lowered_by = [line for line in lines if line.startswith("| `") and line.count("|") == 4]
+    assert lowered_by == ["| `tests/b.py::test_x` | windowed (xnnpack), windowed (xnnpack) | 150.0 |",
+                          "| `tests/a.py::test_y` | stateful (xnnpack) | 50.0 |"]  # the costliest first

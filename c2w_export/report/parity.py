@@ -84,7 +84,7 @@ def regressions(rows: Iterable[dict], baseline: dict | None) -> list[str]:
 def time_section(t: dict) -> list[str]:
     """'Where the time went' of a complete run: `t` from the suite's time budget (tests/conftest.py):
     wall_s, workers, test_s, files {file: s}, slowest [(test, s)], lowered, distinct, lowering_s, hits,
-    discarded."""
+    discarded, by_test {test: (methods lowered there, s)} (optional)."""
     wall = f"{t['wall_s'] / 60:.1f} min wall" if t.get("wall_s") else "wall time unknown"
     repeated = t["lowered"] - t["distinct"]
     lines = ["", "## Where the time went", "",
@@ -97,6 +97,10 @@ def time_section(t: dict) -> list[str]:
     lines += [f"| {f} | {s:.1f} |" for f, s in sorted(t["files"].items(), key=lambda kv: -kv[1])]
     lines += ["", "The ten slowest tests:", "", "| test | s |", "|---|---|"]
     lines += [f"| `{n}` | {s:.1f} |" for n, s in t["slowest"]]
+    if t.get("by_test"):  # who paid for each lowering: the first test to need a program lowers it
+        lines += ["", "The tests that lowered (the first to need a program lowers it; the others read it back):", "",
+                  "| test | methods lowered (partitioner) | s |", "|---|---|---|"]
+        lines += [f"| `{n}` | {', '.join(m)} | {s:.1f} |" for n, (m, s) in sorted(t["by_test"].items(), key=lambda kv: -kv[1][1])]
     return lines
 
 

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Mapping
 
+import torch
+
 from ..program import flows
 from ..program.runner import warm_up_inputs
 from ..program.variants import MethodSpec
@@ -91,6 +93,10 @@ def in_child(fn, *args, timeout: float = TIMEOUT_S) -> tuple[object, str | None]
                 # a child that dies is this function's answer (`why`, one line), not a fault to dump:
                 # no "Fatal Python error" stack from a handler the parent installed (pytest's, for one)
                 faulthandler.disable()
+                # a fork holds only the thread that forked: once this process has computed on OpenMP's
+                # threads, a parallel op in the child waits for them forever (measured: a hang in
+                # Method.execute). One thread, as torch's DataLoader workers do after a fork.
+                torch.set_num_threads(1)
                 flows.QUIET_NATIVE = True
                 out.write_text(json.dumps(fn(*args)))
             finally:
