@@ -119,6 +119,9 @@ def _clean_runner_loop(conn) -> None:
         request = conn.recv()
         if request is None:
             return
+        if request[0] == "console":
+            conn.send(_console_in_fork(*request[1:]))
+            continue
         argv, env, before = request
         r, w = os.pipe()
         pid = os.fork()
@@ -140,6 +143,67 @@ def _clean_runner_loop(conn) -> None:
             conn.send(tuple(json.loads(text)))
 
 
+def _console_in_fork(argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> tuple[int, str, str]:
+    """`python -m c2w_export *argv` as a subprocess runs it, in a fork of the clean runner (its imports
+    done, ~5 s a process saves): its environment and directory, file descriptors 1 and 2 captured (the
+    runtime's native output too), warnings ignored (c2w's PYTHONWARNINGS), an uncaught exception
+    printed as a traceback with status 1, a signal as -signal, and killed past `timeout` seconds."""
+    import signal
+    import sys
+    import tempfile
+    import time
+    import traceback
+    import warnings
+
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    pid = os.fork()
+    if pid == 0:
+        rc = 1
+        try:
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(env)
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            sys.stdout = open(1, "w", closefd=False, buffering=1)
+            sys.stderr = open(2, "w", closefd=False, buffering=1)
+            sys.argv = ["c2w-export", *argv]
+            warnings.simplefilter("ignore")
+            from c2w_export import cli
+
+            try:
+                rc = cli.main(argv) or 0
+            except SystemExit as e:  # argparse's usage errors; a text, as Python reports it: printed, status 1
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+                rc = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        except BaseException:
+            traceback.print_exc()
+            rc = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc)
+    deadline, status = time.monotonic() + timeout, None
+    while status is None:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+        elif time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            status = os.waitpid(pid, 0)[1]
+        else:
+            time.sleep(0.02)
+    texts = []
+    for f in (out, err):
+        f.seek(0)
+        texts.append(f.read().decode(errors="replace"))
+        f.close()
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status), texts[0], texts[1] + f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    return os.WEXITSTATUS(status), texts[0], texts[1]
+
+
 class CleanRunner:
     """The CLI run in a fork of a process that has never run an ExecuTorch method (a fork of one that
     has hangs in the runtime, ship/probe.py), so every run gets the full child-process probe, and a
@@ -159,23 +223,32 @@ class CleanRunner:
         self.conn.send(([str(a) for a in argv], dict(env or {}), before))
         return self.conn.recv()
 
+    def console(self, argv: list[str], timeout: float = 900) -> tuple[int, str, str]:
+        """The console entry on `argv` as a subprocess would run it (_console_in_fork), with this
+        process's environment and directory now."""
+        self.conn.send(("console", [str(a) for a in argv], {**os.environ, "PYTHONWARNINGS": "ignore"}, os.getcwd(),
+                        timeout))
+        return self.conn.recv()
+
     def close(self) -> None:
         self.conn.send(None)
         self.process.join(30)
 
 
-def c2w(*args, timeout=900):
-    """Run the real console entry in a subprocess; returns (returncode, stdout, stderr).
-    Under `tox -e mutation` (C2W_CLI_IN_PROCESS) it runs in this process instead, so mutmut sees
-    which code each test reaches and the mutant under test is the one that runs."""
-    import subprocess
-    import sys
+_CONSOLE: list = []  # this process's CleanRunner for c2w(), started on its first call
 
+
+def c2w(*args, timeout=900):
+    """Run the real console entry as a process of its own; returns (returncode, stdout, stderr).
+    The process is a fork of this test process's clean runner (CleanRunner.console: a subprocess's
+    environment, directory and captured output, without its ~5 s of imports). Under `tox -e mutation`
+    (C2W_CLI_IN_PROCESS) it runs in this process instead, so mutmut sees which code each test
+    reaches and the mutant under test is the one that runs."""
     if os.environ.get("C2W_CLI_IN_PROCESS"):
         return cli_in_process([str(a) for a in args])
-    p = subprocess.run([sys.executable, "-m", "c2w_export", *map(str, args)], capture_output=True, text=True,
-                       timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    return p.returncode, p.stdout, p.stderr
+    if not _CONSOLE or not _CONSOLE[0].process.is_alive():
+        _CONSOLE[:] = [CleanRunner()]
+    return _CONSOLE[0].console(list(args), timeout)
 
 
 RAMP = ["2", "4"]  # the CLI artifacts' decode ramp (conftest: artifacts)

@@ -14,7 +14,6 @@ import dataclasses
 import json
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -29,7 +28,7 @@ from c2w_export.program.runner import Dispatch
 from c2w_export.program.streaming import stream_check, stream_frames, stream_stateful
 from c2w_export.program.tolerances import FP32_GATE, PERTURBATION, tolerance
 from c2w_export.program.variants import method_name
-from helpers import PRECISION_FLOWS, ProgramCache, cases, codes, numerics_row, require_flow
+from helpers import PRECISION_FLOWS, ProgramCache, c2w, cases, codes, numerics_row, require_flow
 
 CASES = [(f"{name}-{variant}", name, variant) for name in PRECISION_FLOWS for variant in ("windowed", "stateful")]
 
@@ -286,7 +285,9 @@ def test_fp32_is_the_flow_itself():
 
 # ---------------------------------------------------------------- shipped: export, verify, decode
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "c2w_export", *map(str, args)], capture_output=True, text=True)
+    """The console entry as a process of its own (helpers.c2w), as a CompletedProcess."""
+    rc, out, err = c2w(*args)
+    return subprocess.CompletedProcess(args, rc, out, err)
 
 
 SHIPPED = [  # (id, precision, what XNNPACK's kernels are named when they run at that precision)
