@@ -383,7 +383,9 @@ def _open_pte(paths: Mapping[str, Path]) -> Loaded:
 
 
 def _open_pt2(paths: Mapping[str, Path]) -> Loaded:
-    loaded = Pt2Loaded({m: torch.export.load(str(p)) for m, p in paths.items()})
+    from .pt2load import load
+
+    loaded = Pt2Loaded({m: load(p) for m, p in paths.items()})
     loaded.source = ", ".join(sorted({str(p) for p in paths.values()}))
     return loaded
 
