@@ -108,7 +108,13 @@ def cli_in_process(argv: list[str]) -> tuple[int, str, str]:
 def _clean_runner_loop(conn) -> None:
     """The clean runner's process: imports done, never runs ExecuTorch itself; each request (argv) is
     run by cli_in_process in a fork of it, and (rc, stdout, stderr) or the signal comes back."""
+    import multiprocessing
     import signal
+
+    # A daemon of the test process (so it dies with it), but what its forks run may lower in worker
+    # processes (C2W_LOWER_WORKERS unset: `tox -e order`, a desk run), which multiprocessing refuses a
+    # daemon's process: the forks are not daemons (each lowering worker dies with its parent, lowering.py).
+    multiprocessing.current_process().daemon = False
 
     from c2w_export import cli  # noqa: F401 (imported once here, with the runtime: every fork starts with them)
     from c2w_export.program.flows import runtime
