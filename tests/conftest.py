@@ -277,6 +277,14 @@ def pytest_sessionfinish(session, exitstatus):
         session.config.workeroutput["c2w"] = json.dumps({
             "rows": ROWS, "deselected": len(DESELECTED),
             "files": sorted({Path(str(i.fspath)).name for i in session.items})})
+        # Collect the worker's garbage now and freeze what is left: after this hook the worker reports it
+        # finished, xdist gives its shutdown 5 s before it sends the worker a SIGINT, and pytest's own
+        # unconfigure runs a full gc.collect() over the session's heap, which took longer once (a
+        # KeyboardInterrupt printed from inside a gc callback in a green run's log).
+        import gc
+
+        gc.collect()
+        gc.freeze()
         return
     if not ROWS or not hasattr(session.config.option, "markexpr"):
         return
