@@ -45,6 +45,8 @@ def pytest_addoption(parser):
                 help="fail the run when a flow's max abs grew > 10x against reports/numerics-baseline.json (tox -e parity)")
     g.addoption("--lower-cache", metavar="DIR", default=None,
                 help="keep lowered methods in DIR across sessions (content-addressed; opt-in, never in CI)")
+    g.addoption("--arm64", metavar="DIR", default=None,
+                help="run tests/test_arm64.py on the aarch64 runtime prepared in DIR (tox -e arm64 prepares it)")
     g.addoption("--save-baseline", action="store_true",
                 help="write reports/numerics-baseline.json from this run (a complete run only)")
 

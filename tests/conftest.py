@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from c2w_export.arm64.runtime import CPUS
 from helpers import ALL_FLOWS, PRECISION_FLOWS, RAMP, ProgramCache, built_once, exported, selected_flows
 
 def pytest_collection_modifyitems(config, items):
@@ -31,6 +32,9 @@ def flow_group(nodeid: str) -> str:
     """The xdist work unit of a test: the flow in its parameter ids (so each flow's programs are
     lowered on one worker, once), else the test alone."""
     name, _, ids = nodeid.partition("[")
+    cpus = [c for c in CPUS if c in ids]  # tests/test_arm64.py: one aarch64 process per CPU model, on one worker
+    if cpus:
+        return f"arm64-{cpus[0]}"
     flows = [t for t in ids.rstrip("]").split("-") if t in ALL_FLOWS or t in PRECISION_FLOWS]
     return flows[0] if flows else SAME_WORKER_AS.get(name.rpartition("::")[2], nodeid)
 
@@ -286,14 +290,18 @@ def pytest_sessionfinish(session, exitstatus):
         gc.collect()
         gc.freeze()
         return
-    if not ROWS or not hasattr(session.config.option, "markexpr"):
-        return
-    from c2w_export.report import parity as pr
-
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter:
         reporter.ensure_newline()
     say = reporter.write_line if reporter else print
+    arm = [r for r in ROWS if r.get("arm64")]  # tests/test_arm64.py: its own report
+    ROWS[:] = [r for r in ROWS if not r.get("arm64")]
+    if arm:
+        write_arm64_report(session, arm, say)
+    if not ROWS or not hasattr(session.config.option, "markexpr"):
+        return
+    from c2w_export.report import parity as pr
+
     real = all(r["flow"].endswith("(real)") for r in ROWS)
     suffix = "-real" if real else ""
     baseline_path = REPORTS / f"numerics-baseline{suffix}.json"
@@ -315,6 +323,27 @@ def pytest_sessionfinish(session, exitstatus):
     if session.config.getoption("--save-baseline"):
         pr.save_baseline(ROWS, baseline_path)
         say(f"wrote {baseline_path.relative_to(REPORTS.parent)}: review its diff like code")
+
+
+def write_arm64_report(session, rows, say) -> None:
+    """reports/arm64.md from a complete arm64 run: every case of tests/test_arm64.py passed, nothing filtered."""
+    import platform
+
+    from c2w_export.arm64.runtime import ready
+    from c2w_export.report import arm64
+    from test_arm64 import ARM_CASES
+
+    opt = session.config.option
+    why = ("a test failed" if session.exitstatus != 0 or session.testsfailed else
+           "-k / -m / -x filtered the tests" if opt.keyword or opt.markexpr or opt.maxfail else
+           f"{len(rows)} of {len(ARM_CASES)} programs ran" if len(rows) != len(ARM_CASES) else None)
+    if why:
+        say(f"reports/arm64.md not rewritten: partial run ({why})")
+        return
+    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                if l.startswith("model name")), platform.processor())
+    arm64.write(rows, REPORTS / "arm64.md", ready(session.config.getoption("--arm64")), cpu)
+    say(f"wrote reports/arm64.md ({len(rows)} rows)")
 
 
 # ---------------------------------------------------------------- shipped artifacts (test_cli, test_contract)

@@ -1,10 +1,13 @@
 """The conformance checks of an artifacts directory as a pytest plugin (entry point `pytest11`).
 
     pytest --c2w-artifacts DIR [--c2w-model M] [--c2w-examples N] [--junitxml report.xml]
+           [--c2w-arch aarch64 --c2w-arm64-runtime RUNTIME [--c2w-cpu cortex-a76|cortex-a72]]
 
 runs conformance/suite.py: ship/checks.py's checks (the ones `c2w-export verify` runs), one test
 per file, method, chunk and variant, with ids such as `test_windows[code2wav.pte::stateful::chunk=7]`.
-Without paths on the command line it runs only them; with paths, them too. Without
+Without paths on the command line it runs only them; with paths, them too. With --c2w-arch aarch64
+every program call runs in ExecuTorch's aarch64 runtime under QEMU (c2w_export/arm64), side 1 is gated
+for that CPU model's fp16 arithmetic, and every id starts with the arch (`aarch64-cortex-a76::...`). Without
 --c2w-artifacts the plugin adds its options and nothing else. Nothing heavy is imported until then.
 """
 
@@ -27,6 +30,13 @@ def pytest_addoption(parser):
                 help="checkpoint dir or hub id the artifacts are checked against (default: the manifest's model.id)")
     g.addoption("--c2w-examples", metavar="N", type=int, default=5,
                 help="Hypothesis examples per drawn check (windows, upstream, irregular streams; default 5)")
+    g.addoption("--c2w-arch", default="host", choices=["host", "aarch64"],
+                help="where the programs run: this host (default), or ExecuTorch's aarch64 runtime under QEMU "
+                     "(needs --c2w-arm64-runtime; .pte programs only)")
+    g.addoption("--c2w-arm64-runtime", metavar="DIR", default=None,
+                help="the aarch64 runtime prepared by `python -m c2w_export.arm64 prepare --root DIR`")
+    g.addoption("--c2w-cpu", default="cortex-a76", help="the emulated CPU model with --c2w-arch aarch64 "
+                "(cortex-a76: FP16 arithmetic, as on a current phone; cortex-a72: none)")
     g.addoption("--c2w-required", action="store_true",
                 help="a usage error without --c2w-artifacts (tox -e conformance: never the whole suite by mistake)")
 
@@ -49,11 +59,37 @@ def pytest_configure(config):
                               print_blob=True, phases=(Phase.explicit, Phase.generate),
                               suppress_health_check=list(HealthCheck))
     config.addinivalue_line("markers", "c2w_absent: a conformance test with no instance (deselected)")
-    config.stash[KEY] = Conformance(root, config.getoption("c2w_model"))
+    config.stash[KEY] = Conformance(root, config.getoption("c2w_model"), arch_session(config))
     if config.args_source == pytest.Config.ArgsSource.ARGS:
         config.args.append(str(SUITE))
     else:  # testpaths or the current directory: the conformance checks only
         config.args[:] = [str(SUITE)]
+
+
+def arch_session(config):
+    """--c2w-arch aarch64: the arm64.session.Session its programs run in (UsageError naming what is
+    missing); host: None."""
+    if config.getoption("c2w_arch") == "host":
+        return None
+    from ..arm64.runtime import CPUS, Unavailable
+    from ..arm64.session import Session
+
+    root, cpu = config.getoption("c2w_arm64_runtime"), config.getoption("c2w_cpu")
+    if not root:
+        raise pytest.UsageError("--c2w-arch aarch64 needs --c2w-arm64-runtime DIR (prepare it with "
+                                "`python -m c2w_export.arm64 prepare --root DIR`)")
+    if cpu not in CPUS:
+        raise pytest.UsageError(f"--c2w-cpu {cpu!r} is not an emulated CPU model; choose from {sorted(CPUS)}")
+    try:
+        return Session(root, cpu)
+    except Unavailable as e:
+        raise pytest.UsageError(str(e)) from None
+
+
+def pytest_unconfigure(config):
+    c = config.stash.get(KEY, None)
+    if c is not None and c.session is not None:
+        c.session.close()
 
 
 def pytest_report_header(config):
@@ -67,25 +103,38 @@ class Conformance:
     """The artifacts directory under check: its Subject (ship/checks.py), or why there is none
     (an unreadable manifest: then only test_manifest is collected, and it fails with the reason)."""
 
-    def __init__(self, root: str, model: str | None):
+    def __init__(self, root: str, model: str | None, session=None):
         from ..ship.checks import Subject
 
-        self.root, self.model = Path(root), model
+        self.root, self.model, self.session = Path(root), model, session
+        # where the programs run off the host ("aarch64-cortex-a76"), leading every test id (and the JUnit XML);
+        # None: on this host, and the ids stay as they are
+        self.arch = session.arch if session is not None else None
         try:
-            self.subject, self.error = Subject(root, model), None
+            if session is None:
+                self.subject, self.error = Subject(root, model), None
+            else:
+                from ..arm64.runtime import CPUS
+                from ..arm64.session import on_arm
+
+                arithmetic = "native-fp16" if CPUS[session.cpu].fp16 else "fp32-accumulate"
+                self.subject, self.error = Subject(root, model, on_arm(session), f"{session.cpu} (aarch64, QEMU)",
+                                                   arithmetic), None
         except Exception as e:  # noqa: BLE001 -- ManifestError, ArtifactError, OSError: reported by test_manifest
             self.subject, self.error = None, f"{type(e).__name__}: {e}"
         self._oracle = None
 
     def describe(self) -> str:
-        from ..env import cpu_name
-
         if self.subject is None:
             return "manifest unreadable"
-        return f"{len(self.subject.art.specs)} method(s) in {len(self.subject.art.files())} file(s); CPU {cpu_name()}"
+        return (f"{len(self.subject.art.specs)} method(s) in {len(self.subject.art.files())} file(s); CPU "
+                f"{self.subject.cpu}; programs run on {self.arch or 'this host'}")
 
     def targets(self, test: str) -> list[tuple[str, tuple]]:
-        """(id, target) of each instance of conformance test `test` (suite.py)."""
+        """(id, target) of each instance of conformance test `test` (suite.py), the id led by the arch."""
+        return [(f"{self.arch}::{i}" if self.arch else i, t) for i, t in self._targets(test)]
+
+    def _targets(self, test: str) -> list[tuple[str, tuple]]:
         if test == "test_manifest":
             return [("manifest.json", ())]
         s = self.subject
@@ -145,9 +194,12 @@ def pytest_collection_modifyitems(config, items):
     instance (an unreadable manifest): not skipped, absent."""
     if KEY not in config.stash:
         return
+    arch = config.stash[KEY].arch
     for item in items:
         if item.path == SUITE:
             _rename(item, NODE_PREFIX + item.name)
+            if arch:
+                item.user_properties.append(("arch", arch))  # a <property> of the test case in the JUnit XML
     absent = [i for i in items if i.get_closest_marker("c2w_absent")]
     if absent:
         config.hook.pytest_deselected(items=absent)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from torch import Tensor
 
@@ -22,7 +22,7 @@ from ..model.checkpoint import CheckpointError, load_decoder
 from ..model.decoder import Code2Wav
 from ..program import flows
 from ..program.compare import Diff
-from ..program.flows import ModuleLoaded, get_flow
+from ..program.flows import Loaded, ModuleLoaded, get_flow
 from ..program.native_fp16 import emulated
 from ..program.pipeline import NATIVE, QUALITY, check_method
 from ..program.precision import Precision, get_precision, own_references, with_precision
@@ -61,9 +61,13 @@ class Subject:
     """An artifacts directory (`open_artifacts`: ManifestError when its manifest is unreadable or
     contradicts itself) and the model it is checked against (`model`, else the manifest's model.id)."""
 
-    def __init__(self, root: str | Path, model: str | None = None):
+    def __init__(self, root: str | Path, model: str | None = None, runtime: Callable[[Loaded], Loaded] | None = None,
+                 cpu: str | None = None, arithmetic: str | None = None):
         self.art: Artifacts = open_artifacts(root)
         self.model = model
+        # another runtime for the programs (the conformance plugin's --c2w-arch aarch64: arm64.session.on_arm),
+        # the CPU it computes on and that CPU's fp16 arithmetic (env.FP16_ARITHMETICS); default: this process's
+        self.runtime, self.cpu, self.arithmetic = runtime, cpu or cpu_name(), arithmetic
         self._files: dict[str, list[str]] = {}
         self._opened: dict[str, dict[str, Runner] | Exception] = {}
 
@@ -134,7 +138,11 @@ class Subject:
         if self.file_problems(rel):
             raise NotChecked(f"not run: {'; '.join(self.file_problems(rel))}")
         self.bundles  # noqa: B018 -- first, while no method ran here: the vectors then run in a child
-        return self.art.open_file(rel)
+        runners = self.art.open_file(rel)
+        if self.runtime is not None:
+            for runner in {id(r): r for r in runners.values()}.values():
+                runner.loaded = self.runtime(runner.loaded)
+        return runners
 
     def program_problems(self, method: str) -> list[str]:
         """The published inputs and outputs of `method` against its program's own metadata."""
@@ -205,14 +213,14 @@ def arithmetic_rows(s: Subject) -> list[Row]:
     """A reduced precision's side 1 is gated for this CPU's arithmetic: the row names it."""
     if not s.reduced:
         return []
-    return [Row("arithmetic", s.precision.name, None, None, True,
-                f"{cpu_name()}: {describe_arithmetic(s.precision.arithmetic())}")]
+    arithmetic = s.arithmetic if s.arithmetic and s.precision.half else s.precision.arithmetic()
+    return [Row("arithmetic", s.precision.name, None, None, True, f"{s.cpu}: {describe_arithmetic(arithmetic)}")]
 
 
 def tolerance_rows(s: Subject, method: str) -> list[Row]:
     """A manifest that records a looser tolerance than the installed table fails (checks use the table)."""
     entry = s.art.entry(method)
-    tol = tolerance(entry["backend"], s.precision.key)
+    tol = tolerance(entry["backend"], s.precision.key, s.arithmetic)
     t = entry["tolerance"]  # the schema requires max_abs and min_snr_db; why is a record
     recorded = Tolerance(t["max_abs"], t["min_snr_db"], t.get("why", ""))
     if recorded.max_abs > tol.max_abs or recorded.min_snr_db < tol.min_snr_db:
@@ -229,14 +237,14 @@ def window_rows(s: Subject, method: str, calls: Sequence[tuple[Tensor, ...]], wh
       eager at the quality floor (side 2, "quality"), and for a half precision the own reference
       with native fp16 arithmetic, emulated, at the quality floor (what a phone gets, on every CPU)."""
     backend = s.art.entry(method)["backend"]
-    tol = tolerance(backend, s.precision.key)  # the installed table, never the manifest's record
+    tol = tolerance(backend, s.precision.key, s.arithmetic)  # the installed table, never the manifest's record
     module, rows = s.module(method), []
     name = s.precision.name
     if s.reduced:
         d = check_method(s.run, s.own[method], method, calls)
         rows.append(Row("windows", method, d, tol, d.within(tol), f"{what} vs own {name}" if d.within(tol) else
                         f"{backend} {method} over tolerance of its own {name} reference: {d.describe()}"))
-        tol, check = tolerance(QUALITY, s.precision.key), "quality"
+        tol, check = tolerance(QUALITY, s.precision.key, s.arithmetic), "quality"
     else:
         check = "windows"
     d = check_method(s.run, module, method, calls)
@@ -256,7 +264,7 @@ def upstream_rows(s: Subject, oracle, method: str, calls: Sequence[tuple[Tensor,
     (`oracle`: conformance.upstream.Oracle on this checkpoint), at the flow's tolerance (fp32) or the
     quality floor (a reduced precision)."""
     backend = s.art.entry(method)["backend"]
-    tol = tolerance(QUALITY, s.precision.key) if s.reduced else tolerance(backend, s.precision.key)
+    tol = tolerance(QUALITY, s.precision.key, s.arithmetic) if s.reduced else tolerance(backend, s.precision.key, s.arithmetic)
     spec = s.art.specs[method]
     state = s.art.initial_state() if spec.variant == "stateful" else ()  # the program's, not the oracle's
     d = check_method(s.run, oracle.variant(spec.variant, spec.context), method, calls, state)
@@ -270,8 +278,8 @@ def stream_rows(s: Subject, frames: int, seed: int, calls: Sequence[int] | None 
     program/streaming.stream_check): in the manifest's ramp, or in `calls` (chunk sizes in any
     order, summing to `frames`) when given."""
     d = s.manifest["decode"]
-    gate = tolerance(s.manifest["programs"][0]["backend"], s.precision.key)
-    quality = tolerance(QUALITY, s.precision.key) if s.reduced else None
+    gate = tolerance(s.manifest["programs"][0]["backend"], s.precision.key, s.arithmetic)
+    quality = tolerance(QUALITY, s.precision.key, s.arithmetic) if s.reduced else None
     # reduced precision: side 2 at the quality floor, side 1 against the own reference's stream
     checks: list[StreamCheck] = stream_check(
         s.decoder, s.run, variants or d["variants"], d["ramp"], d["context_frames"], frames, seed, quality or gate,

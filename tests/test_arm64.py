@@ -1,0 +1,252 @@
+"""The shipped XNNPACK programs on the phone's instruction set: ExecuTorch's aarch64 runtime under QEMU
+user mode (c2w_export/arm64), judged against the same references and tolerance table as on x86.
+
+Every XNNPACK precision that ships, both variants, on two CPU models (runtime.CPUS): cortex-a76, with
+FEAT_FP16 (XNNPACK's fp16 kernels accumulate in fp16, as on a current phone), and cortex-a72, without
+(they accumulate in float32). Per program: windows at drawn chunk sizes and histories, and one
+irregular stream whose state the ARM program carries itself. Each call's audio is held to:
+
+1. the program's own reference (fp32: the fp32 eager decoder; reduced: its own eager reference) at the
+   precision's XNNPACK gate for that CPU model's fp16 arithmetic (not the host's);
+2. a reduced precision's quality floor against the fp32 eager decoder;
+
+and its distance from the same program run on this x86 host is recorded (reports/arm64.md from a
+complete run); fp32 is gated there too. All of one CPU model's calls run in one aarch64 process (~40 s
+of imports under emulation), built once per session per CPU model (`arm_run`).
+
+Runs with `--arm64 DIR` (tox -e arm64 prepares DIR and passes it); without it every test here is
+skipped, saying so. A runtime that --arm64 names but that is not ready fails, never skips.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from c2w_export.arm64.qemu import Job, run
+from c2w_export.arm64.runtime import CPUS, Unavailable, ready
+from c2w_export.program.compare import combine, compare
+from c2w_export.program.pipeline import QUALITY
+from c2w_export.program.precision import PRECISIONS
+from c2w_export.program.tolerances import tolerance
+from c2w_export.program.variants import VARIANTS, make_variant, parity_inputs
+from helpers import ProgramCache, cases
+
+FLOW = "executorch_xnnpack"
+SHIPPED = ("fp32", "fp16", "fp16-mixed", "int8-tail")  # what `export --precision` ships for XNNPACK
+PROGRAMS = [(p, v) for p in SHIPPED for v in VARIANTS]
+ARM_CASES = [(f"{cpu}-{p}-{v}", cpu, p, v) for cpu in CPUS for p, v in PROGRAMS]
+SEED = 41  # the drawn chunks and histories; printed with every failure
+WINDOW_CALLS, STREAM_CALLS = 4, 6
+# a program that differs only on ARM: the ARM process runs the fp32 stateful .pte with one weight doubled
+# (the x86 side runs the program as built), so only ARM's own comparison can see it
+ARM_ONLY_BUG = "fp32-stateful-weight-x2-on-arm-only"
+BUG_WEIGHT = "decoder.pre_transformer.layers.0.self_attn.o_proj.weight"
+
+
+def arithmetic(cpu: str) -> str:
+    """The env.FP16_ARITHMETICS name of a CPU model's fp16 kernels."""
+    return "native-fp16" if CPUS[cpu].fp16 else "fp32-accumulate"
+
+
+def chunks(variant: str, max_chunk: int, rng: random.Random) -> list[int]:
+    """The drawn chunk sizes of one program's calls: both ends of the dynamic axis and drawn ones between."""
+    n = WINDOW_CALLS if variant == "windowed" else STREAM_CALLS
+    return [1, max_chunk] + [rng.randint(2, max_chunk - 1) for _ in range(n - 2)]
+
+
+def calls_for(module, variant: str, max_chunk: int) -> list[tuple]:
+    """The calls of one program: windows (codes, history: partial, full and none in turn) or one
+    irregular stream's chunks (codes; the state is carried by whoever runs it), seeded by SEED."""
+    rng = random.Random(f"{SEED}-{variant}")
+    sizes = chunks(variant, max_chunk, rng)
+    if variant == "windowed":
+        return [parity_inputs(module, i + 1, SEED, chunk=c)[i] for i, c in enumerate(sizes)]
+    return [parity_inputs(module, 1, SEED + i, chunk=c)[0] for i, c in enumerate(sizes)]
+
+
+def outputs(run_fn, calls: list[tuple], state: tuple) -> list[tuple]:
+    """Each call's outputs through `run_fn(*inputs)`, a stream's state fed back (state=(): windowed)."""
+    outs = []
+    for c in calls:
+        with torch.no_grad():
+            o = run_fn(*c, *state)
+        o = tuple(o) if isinstance(o, (tuple, list)) else (o,)
+        state = o[1:] if state else ()
+        outs.append(o)
+    return outs
+
+
+def wav_diff(actual: list, reference: list):
+    return combine([compare(torch.as_tensor(a[0]), r[0]) for a, r in zip(actual, reference)])
+
+
+@pytest.fixture(scope="session")
+def arm64_root(pytestconfig) -> Path:
+    """The prepared aarch64 runtime (--arm64 DIR). Not given: skip, saying how to run these tests.
+    Given but not ready: fail (a broken runtime must not pass as a skip). The host cannot have it
+    (prepare wrote unavailable.txt: not Debian, no QEMU): skip with that reason."""
+    root = pytestconfig.getoption("--arm64")
+    if not root:
+        pytest.skip("aarch64 tests: pass --arm64 DIR (tox -e arm64 prepares the runtime and does)")
+    why = Path(root) / "unavailable.txt"
+    if why.exists():
+        pytest.skip(f"aarch64 runtime unavailable on this host: {why.read_text().strip()}")
+    try:
+        ready(root)
+    except Unavailable as e:
+        pytest.fail(str(e))
+    return Path(root)
+
+
+@pytest.fixture(scope="session")
+def arm_programs(decoder, ramp, context, tmp_path_factory):
+    """(precision, variant) -> (ProgramResult, calls, x86 outputs, own-reference outputs, fp32 outputs):
+    each shipped program built once per session (lowering-cache hits where the session's other tests or
+    --lower-cache hold it), its calls drawn, and the host's and the references' outputs computed."""
+    cache = ProgramCache(decoder, max(ramp), context, tmp_path_factory.mktemp("arm64"))
+    built = {}
+
+    def get(precision, variant):
+        if (precision, variant) not in built:
+            results, _ = cache.get(FLOW, variant, precision)
+            r = results[variant]
+            calls = calls_for(r.module, variant, max(ramp))
+            state = r.module.initial_state() if variant == "stateful" else ()
+            fp32 = make_variant(decoder, variant, max(ramp), context)
+            runner = cache.runner(FLOW, variant, precision)
+            built[(precision, variant)] = dataclasses.make_dataclass("Built", "result calls state x86 own fp32".split())(
+                r, calls, state, outputs(lambda *i: runner.run(variant, i), calls, state),
+                outputs(r.own or fp32, calls, r.own.initial_state() if (r.own and state) else state),
+                outputs(fp32, calls, fp32.initial_state() if state else ()))
+        return built[(precision, variant)]
+    return get
+
+
+def _patched_pte(path: Path, out: Path, ep_weight: torch.Tensor) -> Path:
+    from test_precision import _scaled_in_buffer
+
+    out.write_bytes(_scaled_in_buffer(path.read_bytes(), ep_weight, 2.0))
+    return out
+
+
+@pytest.fixture(scope="session")
+def arm_run(arm64_root, arm_programs, decoder, tmp_path_factory):
+    """cpu -> qemu.Run of every shipped program's calls on that CPU model, plus ARM_ONLY_BUG: one aarch64
+    process per CPU model, run once per session (the tests of one model share a worker: conftest.flow_group)."""
+    runs = {}
+
+    def get(cpu):
+        if cpu not in runs:
+            jobs = []
+            # the CPU models' workers build the programs in opposite orders, so on a cold lowering cache they
+            # lower different programs at once instead of one waiting for the other's lowering
+            for p, v in (PROGRAMS if list(CPUS).index(cpu) % 2 == 0 else PROGRAMS[::-1]):
+                b = arm_programs(p, v)
+                jobs.append(Job(f"{p}-{v}", b.result.path, v, [(*c, *b.state) if i == 0 else c
+                                                               for i, c in enumerate(b.calls)] if b.state else b.calls,
+                                stream=bool(b.state)))
+            b = arm_programs("fp32", "stateful")
+            weight = dict(b.result.module.named_parameters())[BUG_WEIGHT]
+            bad = _patched_pte(b.result.path, tmp_path_factory.mktemp("arm-bug") / "bug.pte", weight)
+            jobs.append(Job(ARM_ONLY_BUG, bad, "stateful", [(*b.calls[0], *b.state), *b.calls[1:]], stream=True))
+            runs[cpu] = run(arm64_root, cpu, jobs)
+            print(f"arm64 {cpu}: {runs[cpu].report['total_s']:.0f} s in the aarch64 process "
+                  f"({runs[cpu].report['import_s']:.0f} s imports)", flush=True)
+        return runs[cpu]
+    return get
+
+
+@pytest.mark.parametrize("cpu,precision,variant", cases(ARM_CASES))
+def test_shipped_program_on_arm(arm_run, arm_programs, numerics_log, cpu, precision, variant):
+    """Side 1 at the gate of the CPU model's fp16 arithmetic, side 2 at the quality floor; fp32 also
+    within its gate of the x86 run of the same program."""
+    b, out = arm_programs(precision, variant), arm_run(cpu).outputs[f"{precision}-{variant}"]
+    key = PRECISIONS[precision].key
+    sizes = [int(c[0].shape[-1]) for c in b.calls]
+    side1, x86, quality = wav_diff(out, b.own), wav_diff(out, b.x86), wav_diff(out, b.fp32)
+    gate = tolerance(FLOW, key, arithmetic(cpu))
+    numerics_log.append({"arm64": True, "cpu": cpu, "precision": precision, "variant": variant,
+                         "arithmetic": arithmetic(cpu), "frames": sizes, "side1": side1.describe(),
+                         "side1_snr": side1.snr_db, "quality_snr": quality.snr_db, "x86": x86.describe(),
+                         "x86_snr": x86.snr_db, "x86_max": x86.max_abs,
+                         "seconds": sum(arm_run(cpu).report["jobs"][f"{precision}-{variant}"])})
+    what = f"{precision} {variant} on {cpu} (calls of {sizes} code frames, SEED {SEED})"
+    assert side1.within(gate), f"{what} vs its own reference: {side1.describe()} over {gate}"
+    if precision != "fp32":
+        floor = tolerance(QUALITY, key, arithmetic(cpu))
+        assert quality.within(floor), f"{what} vs the fp32 eager decoder: {quality.describe()} under the floor {floor}"
+    else:
+        assert x86.within(gate), f"{what} vs the same program on x86: {x86.describe()} over {gate}"
+
+
+@pytest.mark.parametrize("cpu", [pytest.param(c, id=c) for c in CPUS])
+def test_arm_only_bug_fails_on_arm(arm_run, arm_programs, cpu):
+    """The gate sees what only ARM computes: the ARM process ran a .pte with one attention projection
+    doubled, the x86 run did not. ARM's own comparison fails; the x86 program still passes."""
+    b = arm_programs("fp32", "stateful")
+    gate = tolerance(FLOW, "float32")
+    assert wav_diff(b.x86, b.own).within(gate)
+    bad = wav_diff(arm_run(cpu).outputs[ARM_ONLY_BUG], b.own)
+    assert not bad.within(gate), f"a doubled weight run on {cpu} passed: {bad.describe()}"
+
+
+@pytest.mark.parametrize("cpu", [pytest.param(c, id=c) for c in CPUS])
+def test_cpu_model_is_what_it_claims(arm_run, cpu):
+    """The guest is aarch64 and advertises FP16 arithmetic exactly when its model has it (what XNNPACK's
+    fp16 kernels key on), and nothing a phone lacks (SVE)."""
+    r = arm_run(cpu).report
+    assert r["machine"] == "aarch64"
+    assert r["hwcaps"]["fphp"] == r["hwcaps"]["asimdhp"] == CPUS[cpu].fp16, r["hwcaps"]
+    assert not r["hwcaps"]["sve"]
+
+
+def test_unknown_cpu_model_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match="unknown CPU model 'max'; choose from"):
+        run(tmp_path, "max", [])
+
+
+def test_unprepared_runtime_says_how_to_prepare(tmp_path):
+    with pytest.raises(Unavailable, match=r"no aarch64 runtime in .*python -m c2w_export.arm64 prepare"):
+        run(tmp_path, "cortex-a76", [])
+
+
+
+def test_conformance_plugin_runs_the_checks_on_arm(arm64_root, precision_artifacts, model_dir, pytester):
+    """`pytest --c2w-arch aarch64`: the conformance checks of shipped fp16 artifacts with every program call
+    on an emulated cortex-a76 (one aarch64 process, call by call), side 1 at native-fp16's gate; each id
+    and JUnit test case names the arch. (-k windows: the drawn window checks of both methods, 1 example
+    each; a whole stream under emulation costs minutes.)"""
+    import xml.etree.ElementTree as ET
+
+    arts, xml = precision_artifacts("fp16"), pytester.path / "conformance.xml"
+    r = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "-p", "no:cacheprovider", "--noconftest", "-W", "ignore", "--c2w-artifacts", str(arts),
+        "--c2w-model", model_dir, "--c2w-arch", "aarch64",
+        "--c2w-arm64-runtime", str(arm64_root), "--c2w-cpu", "cortex-a76", "--c2w-examples", "1", "-k", "windows",
+        "--junitxml", str(xml), "-v", timeout=1200)
+    out = r.stdout.str()
+    assert r.ret == 0, out[-4000:]
+    assert "programs run on aarch64-cortex-a76" in out
+    cases = ET.parse(xml).getroot().iter("testcase")
+    names = [(c.get("name"), {p.get("name"): p.get("value") for p in c.iter("property")}) for c in cases]
+    assert len(names) == 4 and all(n.startswith("test_windows[aarch64-cortex-a76::") and p == {"arch": "aarch64-cortex-a76"}
+                                   for n, p in names), names
+
+
+@pytest.mark.parametrize("record,rc", [pytest.param(False, 3, id="exit-3"), pytest.param(True, 0, id="or-record")])
+def test_a_host_that_cannot_have_the_runtime_says_why(tmp_path, monkeypatch, capsys, record, rc):
+    """prepare on a host that cannot have the runtime (here: not x86_64) prepares nothing and says why in one
+    line; with --or-record it exits 0 and leaves the reason where the tests read it (they skip with it)."""
+    from c2w_export.arm64 import __main__ as cli, runtime
+
+    monkeypatch.setattr(runtime.platform, "machine", lambda: "riscv64")
+    assert cli.main(["prepare", "--root", str(tmp_path), *(["--or-record"] if record else [])]) == rc
+    why = "the aarch64 runtime is prepared on an x86_64 host; this one is riscv64"
+    assert capsys.readouterr().err == f"arm64: not prepared: {why}\n"
+    assert not (tmp_path / "ready.json").exists()
+    assert ((tmp_path / "unavailable.txt").read_text() == why + "\n") if record else not (tmp_path / "unavailable.txt").exists()
