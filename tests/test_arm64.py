@@ -11,8 +11,10 @@ irregular stream whose state the ARM program carries itself. Each call's audio i
 2. a reduced precision's quality floor against the fp32 eager decoder;
 
 and its distance from the same program run on this x86 host is recorded (reports/arm64.md from a
-complete run); fp32 is gated there too. All of one CPU model's calls run in one aarch64 process (~40 s
-of imports under emulation), built once per session per CPU model (`arm_run`).
+complete run, with the time of the calls as a ratio to the host's and, for fp16, what the native-fp16
+emulation predicted); fp32 is gated there too. The committed golden audio is streamed through the fp32
+stateful program on ARM. All of one CPU model's calls run in one aarch64 process (~40 s of imports
+under emulation), run once per session per CPU model (`arm_run`).
 
 Runs with `--arm64 DIR` (tox -e arm64 prepares DIR and passes it); without it every test here is
 skipped, saying so. A runtime that --arm64 names but that is not ready fails, never skips.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -30,9 +33,12 @@ import torch
 from c2w_export.arm64.qemu import Job, run
 from c2w_export.arm64.runtime import CPUS, Unavailable, ready
 from c2w_export.program.compare import combine, compare
+from c2w_export.program.native_fp16 import emulated
+from c2w_export.program.streaming import schedule
+from c2w_export.report.golden import check_wav, load_golden
 from c2w_export.program.pipeline import QUALITY
 from c2w_export.program.precision import PRECISIONS
-from c2w_export.program.tolerances import tolerance
+from c2w_export.program.tolerances import EMULATION_AGREEMENT_DB, tolerance
 from c2w_export.program.variants import VARIANTS, make_variant, parity_inputs
 from helpers import ProgramCache, cases
 
@@ -46,6 +52,8 @@ WINDOW_CALLS, STREAM_CALLS = 4, 6
 # (the x86 side runs the program as built), so only ARM's own comparison can see it
 ARM_ONLY_BUG = "fp32-stateful-weight-x2-on-arm-only"
 BUG_WEIGHT = "decoder.pre_transformer.layers.0.self_attn.o_proj.weight"
+GOLDEN = "golden-tiny_seed0-fp32-stateful"
+GOLDEN_DIR = Path(__file__).parent / "golden"
 
 
 def arithmetic(cpu: str) -> str:
@@ -103,6 +111,21 @@ def arm64_root(pytestconfig) -> Path:
     return Path(root)
 
 
+@dataclasses.dataclass
+class Built:
+    """One shipped program, its calls and what its ARM outputs are compared with (each: one tuple of
+    outputs per call)."""
+
+    result: object  # pipeline.ProgramResult
+    calls: list
+    state: tuple  # the stream's initial state (stateful), else ()
+    x86: list  # the same program on this host
+    x86_s: float  # the host's seconds for those calls (after a warm-up call)
+    own: list  # its own reference (fp32: the fp32 eager decoder)
+    fp32: list  # the fp32 eager decoder
+    emulated: list | None  # half precisions: the own reference with native fp16 arithmetic, emulated
+
+
 @pytest.fixture(scope="session")
 def arm_programs(decoder, ramp, context, tmp_path_factory):
     """(precision, variant) -> (ProgramResult, calls, x86 outputs, own-reference outputs, fp32 outputs):
@@ -119,10 +142,16 @@ def arm_programs(decoder, ramp, context, tmp_path_factory):
             state = r.module.initial_state() if variant == "stateful" else ()
             fp32 = make_variant(decoder, variant, max(ramp), context)
             runner = cache.runner(FLOW, variant, precision)
-            built[(precision, variant)] = dataclasses.make_dataclass("Built", "result calls state x86 own fp32".split())(
-                r, calls, state, outputs(lambda *i: runner.run(variant, i), calls, state),
-                outputs(r.own or fp32, calls, r.own.initial_state() if (r.own and state) else state),
-                outputs(fp32, calls, fp32.initial_state() if state else ()))
+            runner.run(variant, (*calls[0], *state))  # warm: the first call loads the method (XNNPACK packs weights)
+            t = time.perf_counter()
+            x86 = outputs(lambda *i: runner.run(variant, i), calls, state)
+            x86_s = time.perf_counter() - t
+            own_state = r.own.initial_state() if (r.own and state) else state
+            half = PRECISIONS[precision].half  # what the native-fp16 emulation predicts a phone computes
+            built[(precision, variant)] = Built(
+                r, calls, state, x86, x86_s, outputs(r.own or fp32, calls, own_state),
+                outputs(fp32, calls, fp32.initial_state() if state else ()),
+                outputs(lambda *i: emulated(r.own)(variant, i), calls, own_state) if half else None)
         return built[(precision, variant)]
     return get
 
@@ -135,7 +164,7 @@ def _patched_pte(path: Path, out: Path, ep_weight: torch.Tensor) -> Path:
 
 
 @pytest.fixture(scope="session")
-def arm_run(arm64_root, arm_programs, decoder, tmp_path_factory):
+def arm_run(arm64_root, arm_programs, ramp, tmp_path_factory):
     """cpu -> qemu.Run of every shipped program's calls on that CPU model, plus ARM_ONLY_BUG: one aarch64
     process per CPU model, run once per session (the tests of one model share a worker: conftest.flow_group)."""
     runs = {}
@@ -154,6 +183,12 @@ def arm_run(arm64_root, arm_programs, decoder, tmp_path_factory):
             weight = dict(b.result.module.named_parameters())[BUG_WEIGHT]
             bad = _patched_pte(b.result.path, tmp_path_factory.mktemp("arm-bug") / "bug.pte", weight)
             jobs.append(Job(ARM_ONLY_BUG, bad, "stateful", [(*b.calls[0], *b.state), *b.calls[1:]], stream=True))
+            golden = load_golden(GOLDEN_DIR)  # the committed fp32 audio of these codes, streamed in the ramp
+            codes = torch.from_numpy(golden["codes"])
+            steps = schedule(codes.shape[-1], ramp)
+            jobs.append(Job(GOLDEN, b.result.path, "stateful",
+                            [(codes[..., st.start:st.start + st.frames], *(b.state if i == 0 else ()))
+                             for i, st in enumerate(steps)], stream=True))
             runs[cpu] = run(arm64_root, cpu, jobs)
             print(f"arm64 {cpu}: {runs[cpu].report['total_s']:.0f} s in the aarch64 process "
                   f"({runs[cpu].report['import_s']:.0f} s imports)", flush=True)
@@ -174,12 +209,17 @@ def test_shipped_program_on_arm(arm_run, arm_programs, numerics_log, cpu, precis
                          "arithmetic": arithmetic(cpu), "frames": sizes, "side1": side1.describe(),
                          "side1_snr": side1.snr_db, "quality_snr": quality.snr_db, "x86": x86.describe(),
                          "x86_snr": x86.snr_db, "x86_max": x86.max_abs,
-                         "seconds": sum(arm_run(cpu).report["jobs"][f"{precision}-{variant}"])})
+                         "slower": sum(arm_run(cpu).report["jobs"][f"{precision}-{variant}"]) / b.x86_s,
+                         "emulated_snr": wav_diff(b.emulated, b.fp32).snr_db if b.emulated and CPUS[cpu].fp16 else None})
     what = f"{precision} {variant} on {cpu} (calls of {sizes} code frames, SEED {SEED})"
     assert side1.within(gate), f"{what} vs its own reference: {side1.describe()} over {gate}"
     if precision != "fp32":
         floor = tolerance(QUALITY, key, arithmetic(cpu))
         assert quality.within(floor), f"{what} vs the fp32 eager decoder: {quality.describe()} under the floor {floor}"
+        if b.emulated is not None and CPUS[cpu].fp16:  # the emulation behind the NATIVE gate predicts a phone
+            predicted = wav_diff(b.emulated, b.fp32).snr_db
+            assert abs(quality.snr_db - predicted) <= EMULATION_AGREEMENT_DB, (
+                f"{what}: {quality.snr_db:.1f} dB against fp32, the native-fp16 emulation predicted {predicted:.1f} dB")
     else:
         assert x86.within(gate), f"{what} vs the same program on x86: {x86.describe()} over {gate}"
 
@@ -193,6 +233,16 @@ def test_arm_only_bug_fails_on_arm(arm_run, arm_programs, cpu):
     assert wav_diff(b.x86, b.own).within(gate)
     bad = wav_diff(arm_run(cpu).outputs[ARM_ONLY_BUG], b.own)
     assert not bad.within(gate), f"a doubled weight run on {cpu} passed: {bad.describe()}"
+
+
+@pytest.mark.parametrize("cpu", [pytest.param(c, id=c) for c in CPUS])
+def test_golden_set_on_arm(arm_run, arm_programs, decoder, cpu):
+    """The committed golden audio (tests/golden/tiny_seed0.npz: the offline fp32 decode of its codes, made
+    on x86) from the fp32 stateful program streaming those codes on ARM in the ramp, at the golden gate."""
+    golden = load_golden(GOLDEN_DIR)
+    wav = torch.cat([torch.as_tensor(o[0]) for o in arm_run(cpu).outputs[GOLDEN]], dim=-1)
+    ok, text = check_wav(golden, wav, decoder.config.hop, f"fp32 stateful on {cpu}")
+    assert ok, text
 
 
 @pytest.mark.parametrize("cpu", [pytest.param(c, id=c) for c in CPUS])

@@ -108,12 +108,12 @@ def _du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
-def _prune(site_cuda: Path) -> int:
-    """Remove what torch never loads from the CUDA wheels: headers, static archives and cuDNN's engine
+def _prune(site: Path) -> int:
+    """Remove what is never loaded from installed wheels: headers, static archives and cuDNN's engine
     libraries (dlopened only when a cuDNN op runs). -> bytes freed."""
     freed = 0
-    for f in list(site_cuda.rglob("*")):
-        drop = f.is_file() and (f.suffix in (".a", ".h", ".hpp") or "include" in f.parts
+    for f in list(site.rglob("*")):
+        drop = f.is_file() and (f.suffix in (".a", ".h", ".hpp", ".cuh", ".inl")
                                 or (f.name.startswith("libcudnn_") and ".so" in f.name))
         if drop:
             freed += f.stat().st_size
@@ -170,6 +170,7 @@ def prepare(root: Path, progress: Callable[[str], None] = print) -> dict:
         _run([*pip, "install", "--no-deps", "--target", str(root / "site"), *_platform_args(),
               *sorted(str(p) for p in whl.glob("*.whl")), *PURE], "installing them for aarch64", progress)
         shutil.rmtree(whl)
+        progress(f"pruned {_prune(root / 'site') / 2**20:.0f} MiB of headers and archives nothing loads")
 
     def cuda():
         shutil.rmtree(root / "site_cuda", ignore_errors=True)
