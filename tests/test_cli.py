@@ -99,6 +99,21 @@ def test_verify_bundle_and_method_rows(et_artifacts, copy_of):
     assert bad.detail.startswith("bundled vectors failed (atol 3e-05, rtol 0.0001): RuntimeError: "), bad.detail
 
 
+def test_manifest_records_each_methods_memory_plan(et_artifacts):
+    """Each XNNPACK method's memory plan (read from the .pte) is in the manifest, and holds at least
+    the method's planned inputs and outputs at the largest chunk (from the I/O contract, an
+    independent count): a plan read from the wrong buffer, or not at all, fails."""
+    from math import prod
+
+    from c2w_export.ship.artifacts import open_artifacts
+
+    art = open_artifacts(et_artifacts)
+    for entry in art.manifest["programs"]:
+        spec = art.specs[entry["method"]]
+        io = sum(prod(t.shape) * t.torch_dtype.itemsize for t in (*spec.inputs, *spec.outputs))
+        assert entry["memory"]["plan_bytes"] >= io > 0, (entry["method"], entry["memory"], io)
+
+
 def test_profile_counts_what_the_graph_left_outside_the_delegate(et_artifacts):
     """The runtime's ETDump trace against the export's graph inspection (two independent counts):
     per method call, each portable kernel runs as often as the graph has that op outside the

@@ -10,6 +10,8 @@ import os
 
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from c2w_export.program import lowering
 from c2w_export.program.flows import delegation, op_name
@@ -439,3 +441,100 @@ def test_export_refuses_a_chunk_range_a_guard_narrowed(prepared):
     with pytest.raises(ValueError, match=r"^torch.export narrowed the codes' frame axis of stateful to 3\.\.4 \(wanted "
                                          r"1\.\.4: chunks 1\.\.4\)"):
         export_variant(m, example_inputs(m))
+
+
+class _OneFrame(torch.nn.Module):
+    """The smallest graph of the --max-chunk 2 failure: a conv over a frame axis whose range is 1..2."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv1d(4, 4, 1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+KEPT = [  # (id, whether lowering keeps the frame axis symbolic)
+    ("one-frame-kept", True),
+    ("without-it", False),
+]
+
+
+@pytest.mark.parametrize("kept", cases(KEPT))
+def test_a_range_of_one_and_two_frames_stays_dynamic(monkeypatch, kept):
+    """A program for frames 1..2 (exported as the stateful methods are: size-obliviously) runs both
+    sizes against eager. Without one_frame_kept, a guard of ExecuTorch's retraces pins the axis to 2
+    and the 1-frame call fails in the runtime (the deliberate bug; on the decoder, check_dynamic
+    names it at lowering)."""
+    import contextlib
+
+    import torch.fx.experimental._config as fx_config
+
+    from c2w_export.program.flows import ExecuTorchLoaded
+
+    if not kept:
+        monkeypatch.setattr(lowering, "one_frame_kept", lambda programs: contextlib.nullcontext())
+    module = _OneFrame().eval()
+    with fx_config.patch(backed_size_oblivious=True):
+        ep = torch.export.export(module, (torch.randn(1, 4, 2),), dynamic_shapes=({2: torch.export.Dim.DYNAMIC(min=1, max=2)},))
+
+    def both_sizes():
+        loaded = ExecuTorchLoaded(lowering.to_executorch(lowering.lower_together({"f": ep}, "xnnpack"), {"f": ep}))
+        for t in (1, 2):
+            x = torch.randn(1, 4, t)
+            torch.testing.assert_close(loaded.run("f", [x])[0], module(x).detach())
+
+    if kept:
+        both_sizes()
+    else:
+        with pytest.raises((RuntimeError, ValueError)):
+            both_sizes()
+
+
+def test_check_dynamic_names_a_pinned_axis():
+    """check_dynamic on a lowering whose program lost its symbolic axis (what lowering did to the
+    decoder's chunks 1..2): a ValueError naming the method, the input and the size."""
+    from torch.export import Dim
+
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    dynamic = torch.export.export(Double(), (torch.randn(1, 4, 3),), dynamic_shapes=({2: Dim("t", min=2, max=5)},))
+    static = torch.export.export(Double(), (torch.randn(1, 4, 3),))
+
+    class Manager:  # what check_dynamic reads of an edge or executorch program manager
+        def __init__(self, ep):
+            self.ep = ep
+
+        def exported_program(self, method):
+            return self.ep
+
+    lowering.check_dynamic({"f": dynamic}, Manager(dynamic), "lowering")  # the axis kept: nothing to say
+    with pytest.raises(ValueError, match=r"^lowering pinned the dynamic axes of f's inputs \(x\[2\] = 3\): a guard"):
+        lowering.check_dynamic({"f": dynamic}, Manager(static), "lowering")
+
+
+@given(max_chunk=st.integers(1, 25))
+@example(max_chunk=1)
+@example(max_chunk=2)  # the range that failed in the runtime until one_frame_kept
+@settings(max_examples=1)  # each example lowers a tiny XNNPACK program (~40 s, AMD EPYC)
+def test_every_chunk_range_exports_and_runs_each_chunk(model_dir, decoder, tmp_path_factory, max_chunk):
+    """export (XNNPACK, stateful, chunks 1..max_chunk) at a drawn --max-chunk, then one stream through
+    the written program that calls every chunk size of the range once, against the offline decode at
+    the fp32 gate."""
+    from c2w_export.program.tolerances import tolerance
+    from c2w_export.program.streaming import stream_check
+    from c2w_export.ship.artifacts import open_artifacts
+    from c2w_export.ship.export import export_artifacts
+
+    out = tmp_path_factory.mktemp(f"max-chunk-{max_chunk}") / "artifacts"
+    export_artifacts(model_dir, out, ramp=sorted({1, max_chunk}), max_chunk=max_chunk, variants=["stateful"], windows=1,
+                     progress=lambda s: None)
+    art = open_artifacts(out)
+    assert [p["max_chunk"] for p in art.manifest["programs"]] == [max_chunk]
+    calls = list(range(max_chunk, 0, -1))
+    [check] = stream_check(decoder, art.programs().run, ["stateful"], [max_chunk], 0, sum(calls), 5,
+                           tolerance("executorch_xnnpack"), calls=calls)
+    assert check.passed, check.describe()

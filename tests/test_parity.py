@@ -208,7 +208,7 @@ RUNNER_ERRORS = [  # (id, what goes wrong, error type, exact message)
     ("absent-method", lambda d, r: Runner("spy", Spy(), {"stateful": Stateful(d, 25).spec()}, 2048), FlowError,
      "spy: program has no method(s) ['stateful']; it has ['windowed']"),
     ("runtime-raises", lambda d, r: Runner("spy", _Broken(RuntimeError("boom")), r.specs, 2048).run("windowed", _good(d)),
-     FlowError, "spy: method windowed failed in its runtime: RuntimeError: boom"),
+     FlowError, "spy: method windowed failed in its runtime on a chunk of 2 (of 1..25): RuntimeError: boom"),
     ("wrong-output-count", lambda d, r: Runner("spy", _Broken((torch.zeros(1),) * 2), r.specs, 2048).run("windowed", _good(d)),
      FlowError, "spy: method windowed returned 2 outputs, its spec says 1"),
 ]

@@ -194,6 +194,7 @@ class Work:
     paths: dict[str, Path] = field(default_factory=dict)
     nodes: dict[str, int] = field(default_factory=dict)  # method -> operator nodes of its exported graph
     delegation: dict[str, dict] = field(default_factory=dict)  # method -> delegation(), after lowering
+    plan: dict[str, int] = field(default_factory=dict)  # method -> bytes of its memory plan (memory_plan)
     progress: Callable[[str], None] = lambda s: None  # per-method lines of long stages (lowering)
 
     def directory(self) -> Path:
@@ -282,6 +283,17 @@ def is_shape_op(node) -> bool:
     return not isinstance(val, torch.Tensor) and isinstance(val, (torch.SymInt, int))
 
 
+def memory_plan(pte: bytes) -> dict[str, int]:
+    """{method: bytes of its memory plan}: the non-constant buffers ExecuTorch's memory planning laid
+    out for the method's activations, inputs, outputs and what stays outside the delegate, at the
+    upper bound of every dynamic axis (the runtime allocates them when the method loads; XNNPACK's
+    own workspace and packed weights come on top). Read from the program's flatbuffer, nothing run."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    plans = deserialize_pte_binary(pte).program.execution_plan
+    return {p.name: sum(p.non_const_buffer_sizes[1:]) for p in plans}  # [0] is reserved (the constants')
+
+
 def delegation(graph) -> dict:
     """Delegation coverage of a lowered graph: how many delegate calls (partitions) it makes, which
     tensor operators stay outside them (portable kernels), with counts; how many of those sit
@@ -323,13 +335,15 @@ class Lower(Stage):
     compared: bool = True
 
     def run(self, programs, work):
-        from .lowering import lower_methods
+        from .lowering import lower_methods, to_executorch
 
         try:
             edge = lower_methods(dict(programs), self.partitioner, work.progress, QUIET_NATIVE)
             for method in programs:
                 work.delegation[method] = delegation(edge.exported_program(method).graph)
-            return edge.to_executorch().buffer
+            buffer = to_executorch(edge, programs)
+            work.plan.update(memory_plan(buffer))
+            return buffer
         except Exception as e:
             raise FlowError(f"stage 'lower' failed ({self.partitioner}): {type(e).__name__}: {e}") from e
 

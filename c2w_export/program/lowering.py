@@ -176,9 +176,79 @@ def lower_together(programs: Mapping[str, object], partitioner: str):
     # measured on the tiny fp32 stateful, fp16 windowed and portable windowed programs) and took 8-27% of
     # a tiny XNNPACK lowering (AMD EPYC, 2026-12-07). Every program is still run against eager.
     config = EdgeCompileConfig(_check_ir_validity=False)
-    return (to_edge_transform_and_lower(dict(programs), transform_passes=passes, partitioner=partitioners,
-                                        compile_config=config)
-            if partitioners else to_edge(dict(programs), compile_config=config).transform(passes))
+    with one_frame_kept(programs):
+        edge = (to_edge_transform_and_lower(dict(programs), transform_passes=passes, partitioner=partitioners,
+                                            compile_config=config)
+                if partitioners else to_edge(dict(programs), compile_config=config).transform(passes))
+    check_dynamic(programs, edge, "lowering")
+    return edge
+
+
+def to_executorch(edge, programs: Mapping[str, object]) -> bytes:
+    """The .pte bytes of `edge` (lower_methods' result for `programs`): its memory is planned in one
+    more retrace, kept symbolic as lowering is (one_frame_kept)."""
+    with one_frame_kept(programs):
+        manager = edge.to_executorch()
+    check_dynamic(programs, manager, "memory planning")
+    return manager.buffer
+
+
+def check_dynamic(programs: Mapping[str, object], manager, stage: str) -> None:
+    """ValueError naming each input axis that is dynamic in `programs` (ExportedPrograms) and was
+    pinned to one size in `manager`'s methods (an ExecuTorch edge or executorch program manager)."""
+    for method, ep in programs.items():
+        pinned = _pinned_dims(ep, manager.exported_program(method))
+        if pinned:
+            raise ValueError(f"{stage} pinned the dynamic axes of {method}'s inputs ({', '.join(pinned)}): a guard in one of "
+                             f"ExecuTorch's retraces narrowed the range to one size, so the program would refuse every other size")
+
+
+@contextlib.contextmanager
+def one_frame_kept(programs: Mapping[str, object]):
+    """While lowering programs whose dynamic range includes a size of 1 (the stateful methods' chunk
+    axis), keep that axis symbolic through ExecuTorch's retraces.
+
+    Each retrace runs the fake kernels again with the range's hint. The fake conv asks whether its
+    [1, C, 1, t] input is channels-last (torch/_subclasses/fake_impls.py, conv:
+    `_conv_determine_backend_memory_format`), which at t = 1 it cannot tell from the strides, so it
+    guards t > 1; a matmul decomposition's reshape guards 1 < t the same way. On chunks 1..2 that
+    guard leaves one size and the axis is replaced by 2 (`range_refined_to_singleton`): every tensor
+    of the program is then planned static, and a chunk-1 call fails in slice_copy (error 0x12: the
+    cause of the --max-chunk 2 failure; on 1..N>2 the guard narrows the range to 2..N and the axis
+    stays symbolic). Here the retraces are size-oblivious (as export is: variants.export_variant),
+    and the conv's memory format for a symbolic input is contiguous, which is what the CPU conv
+    gives the contiguous tensors the decoder passes. The .pte of chunks 1..4 and 1..25 is the same,
+    byte for byte, with and without this (measured, tiny fp32 stateful, 2026-12-07).
+    Upstream: pytorch/pytorch#182940 (fake-tensor execution on export metadata specializes shapes)."""
+    if not any(int(r.lower) <= 1 for ep in programs.values() for r in ep.range_constraints.values()):
+        yield
+        return
+    import torch.fx.experimental._config as fx_config
+
+    backend_format = torch._C._conv_determine_backend_memory_format
+
+    def memory_format(input, weight, backend):
+        if any(isinstance(d, torch.SymInt) for d in input.shape):
+            return torch.contiguous_format
+        return backend_format(input, weight, backend)
+
+    torch._C._conv_determine_backend_memory_format = memory_format
+    try:
+        with fx_config.patch(backed_size_oblivious=True):
+            yield
+    finally:
+        torch._C._conv_determine_backend_memory_format = backend_format
+
+
+def _pinned_dims(exported, lowered) -> list[str]:
+    """'input[axis] = size' for each user input axis that is symbolic in `exported` and a plain int
+    in `lowered` (same inputs, same order)."""
+    def shapes(ep):
+        names = set(ep.graph_signature.user_inputs)
+        return [(n.name, n.meta["val"].shape) for n in ep.graph.nodes if n.op == "placeholder" and n.name in names]
+
+    return [f"{name}[{axis}] = {after[axis]}" for (name, before), (_, after) in zip(shapes(exported), shapes(lowered))
+            for axis in range(len(before)) if isinstance(before[axis], torch.SymInt) and not isinstance(after[axis], torch.SymInt)]
 
 
 def fold_constants():

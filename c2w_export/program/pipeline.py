@@ -49,6 +49,7 @@ class ProgramResult:
     bytes: int = 0
     nodes: int = 0  # operator nodes of the exported graph (0: not exported)
     delegation: dict = field(default_factory=dict)  # flows.delegation() of the lowered graph (ExecuTorch)
+    plan_bytes: int = 0  # ExecuTorch: the method's memory plan (flows.memory_plan; 0: no plan)
     precision: str = "fp32"
     gates: dict[str, Tolerance] = field(default_factory=dict)  # stage -> its gate when not `tolerance`
     references: dict[str, str] = field(default_factory=dict)  # stage -> what it was compared with
@@ -207,6 +208,7 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], max_chunk: int
             r.seconds = {s: v / len(group) for s, v in seconds.items()}
             r.nodes = work.nodes.get(m, 0)
             r.delegation = work.delegation.get(m, {})
+            r.plan_bytes = work.plan.get(m, 0)
             loaded_by_method[m] = loaded
             results.append(r)
             status = "ok" if r.passed else "OVER TOLERANCE"
@@ -220,5 +222,6 @@ def build(decoder: Code2Wav, flow: Flow, variants: Sequence[str], max_chunk: int
                 if r.delegation else "")
             progress(f"[{len(results)}/{len(modules)}] {flow.name} {m} (chunks {r.spec.min_chunk}..{r.spec.max_chunk}): "
                      f"{time.perf_counter() - t0:.1f}s ({stage_times}), {graph}, "
-                     f"{r.bytes / 1e6:.1f} MB, {r.diff.describe()}{quality} -> {status}")
+                     f"{r.bytes / 1e6:.1f} MB{f', memory plan {r.plan_bytes / 1e6:.1f} MB' if r.plan_bytes else ''}, "
+                     f"{r.diff.describe()}{quality} -> {status}")
     return results, loaded_by_method

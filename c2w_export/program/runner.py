@@ -51,12 +51,13 @@ class Runner:
     def run(self, method: str, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
         self.check(method, inputs)
         inputs = [x.contiguous() for x in inputs]  # ExecuTorch refuses strided views (stream slices)
+        spec = self.specs[method]
         try:
             out = self.loaded.run(method, inputs)
         except Exception as e:
-            raise FlowError(f"{self.flow}: method {method}{_of(self.loaded)} failed in its runtime: "
+            raise FlowError(f"{self.flow}: method {method}{_of(self.loaded)} failed in its runtime on a chunk of "
+                            f"{inputs[0].shape[2] - spec.context} (of {spec.min_chunk}..{spec.max_chunk}): "
                             f"{type(e).__name__}: {e}") from e
-        spec = self.specs[method]
         if len(out) != len(spec.outputs):
             raise FlowError(f"{self.flow}: method {method} returned {len(out)} outputs, its spec says {len(spec.outputs)}")
         for y, s in zip(out, spec.outputs):  # audio for an ear, or the state of the next call: never nan or inf

@@ -150,7 +150,9 @@ class _Variant(nn.Module):
         from torch.export import Dim
 
         codes = self.input_specs()[0]
-        frames = {codes.chunk_axis: Dim.DYNAMIC(min=self.context + 1, max=codes.shape[codes.chunk_axis])}
+        low, high = self.context + 1, codes.shape[codes.chunk_axis]
+        # one size (--max-chunk 1): a static axis; torch.export refuses a Dim whose range is one size
+        frames = {codes.chunk_axis: Dim.DYNAMIC(min=low, max=high)} if high > low else None
         if flat:
             return (frames, *([None] * (len(self.input_specs()) - 1)))
         return (frames, self._static_shapes())

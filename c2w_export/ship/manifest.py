@@ -98,6 +98,7 @@ def build(decoder: Code2Wav, model: str, flow: Flow, variants: Sequence[str], ra
                                                          "snr_db": r.stages[NATIVE].to_json()["snr_db"]}}
                                if NATIVE in r.stages else {})}} if r.quality else {}),
             "graph": {"nodes": r.nodes, **({"delegation": r.delegation} if r.delegation else {})},
+            **({"memory": {"plan_bytes": r.plan_bytes}} if r.plan_bytes else {}),
             "parity": {"max_abs": d.max_abs, "snr_db": d.to_json()["snr_db"], "windows": r.windows, "streams": 1,
                        "stream_max_abs": max(s.diff.max_abs for s in streams if s.name.startswith(r.spec.variant)),
                        "stages": {s: x.max_abs for s, x in r.stages.items()}},
