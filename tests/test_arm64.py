@@ -34,12 +34,12 @@ from c2w_export.arm64.qemu import Job, run
 from c2w_export.arm64.runtime import CPUS, Unavailable, ready
 from c2w_export.program.compare import combine, compare
 from c2w_export.program.native_fp16 import emulated
-from c2w_export.program.streaming import schedule
-from c2w_export.report.golden import check_wav, load_golden
 from c2w_export.program.pipeline import QUALITY
 from c2w_export.program.precision import PRECISIONS
+from c2w_export.program.streaming import schedule
 from c2w_export.program.tolerances import EMULATION_AGREEMENT_DB, tolerance
 from c2w_export.program.variants import VARIANTS, make_variant, parity_inputs
+from c2w_export.report.golden import check_wav, load_golden
 from helpers import ProgramCache, cases
 
 FLOW = "executorch_xnnpack"
@@ -54,11 +54,6 @@ ARM_ONLY_BUG = "fp32-stateful-weight-x2-on-arm-only"
 BUG_WEIGHT = "decoder.pre_transformer.layers.0.self_attn.o_proj.weight"
 GOLDEN = "golden-tiny_seed0-fp32-stateful"
 GOLDEN_DIR = Path(__file__).parent / "golden"
-
-
-def arithmetic(cpu: str) -> str:
-    """The env.FP16_ARITHMETICS name of a CPU model's fp16 kernels."""
-    return "native-fp16" if CPUS[cpu].fp16 else "fp32-accumulate"
 
 
 def chunks(variant: str, max_chunk: int, rng: random.Random) -> list[int]:
@@ -176,24 +171,27 @@ def arm_run(arm64_root, arm_programs, ramp, tmp_path_factory):
             # lower different programs at once instead of one waiting for the other's lowering
             for p, v in (PROGRAMS if list(CPUS).index(cpu) % 2 == 0 else PROGRAMS[::-1]):
                 b = arm_programs(p, v)
-                jobs.append(Job(f"{p}-{v}", b.result.path, v, [(*c, *b.state) if i == 0 else c
-                                                               for i, c in enumerate(b.calls)] if b.state else b.calls,
-                                stream=bool(b.state)))
+                jobs.append(stream_job(f"{p}-{v}", b.result.path, b.calls, b.state) if b.state
+                            else Job(f"{p}-{v}", b.result.path, v, b.calls))
             b = arm_programs("fp32", "stateful")
             weight = dict(b.result.module.named_parameters())[BUG_WEIGHT]
             bad = _patched_pte(b.result.path, tmp_path_factory.mktemp("arm-bug") / "bug.pte", weight)
-            jobs.append(Job(ARM_ONLY_BUG, bad, "stateful", [(*b.calls[0], *b.state), *b.calls[1:]], stream=True))
+            jobs.append(stream_job(ARM_ONLY_BUG, bad, b.calls, b.state))
             golden = load_golden(GOLDEN_DIR)  # the committed fp32 audio of these codes, streamed in the ramp
             codes = torch.from_numpy(golden["codes"])
-            steps = schedule(codes.shape[-1], ramp)
-            jobs.append(Job(GOLDEN, b.result.path, "stateful",
-                            [(codes[..., st.start:st.start + st.frames], *(b.state if i == 0 else ()))
-                             for i, st in enumerate(steps)], stream=True))
+            jobs.append(stream_job(GOLDEN, b.result.path, [(codes[..., s.start:s.start + s.frames],)
+                                                           for s in schedule(codes.shape[-1], ramp)], b.state))
             runs[cpu] = run(arm64_root, cpu, jobs)
             print(f"arm64 {cpu}: {runs[cpu].report['total_s']:.0f} s in the aarch64 process "
                   f"({runs[cpu].report['import_s']:.0f} s imports)", flush=True)
         return runs[cpu]
     return get
+
+
+def stream_job(name: str, pte: Path, calls: list[tuple], state: tuple) -> Job:
+    """One stream through a stateful .pte: the start state goes in with the first call, after which the
+    ARM program carries its own."""
+    return Job(name, pte, "stateful", [(*c, *state) if i == 0 else tuple(c) for i, c in enumerate(calls)], stream=True)
 
 
 @pytest.mark.parametrize("cpu,precision,variant", cases(ARM_CASES))
@@ -204,20 +202,21 @@ def test_shipped_program_on_arm(arm_run, arm_programs, numerics_log, cpu, precis
     key = PRECISIONS[precision].key
     sizes = [int(c[0].shape[-1]) for c in b.calls]
     side1, x86, quality = wav_diff(out, b.own), wav_diff(out, b.x86), wav_diff(out, b.fp32)
-    gate = tolerance(FLOW, key, arithmetic(cpu))
+    gate = tolerance(FLOW, key, CPUS[cpu].arithmetic)
+    # what the native-fp16 emulation behind the NATIVE gate predicts a phone's fp16 quality to be
+    predicted = wav_diff(b.emulated, b.fp32).snr_db if b.emulated is not None and CPUS[cpu].fp16 else None
     numerics_log.append({"arm64": True, "cpu": cpu, "precision": precision, "variant": variant,
-                         "arithmetic": arithmetic(cpu), "frames": sizes, "side1": side1.describe(),
+                         "arithmetic": CPUS[cpu].arithmetic, "frames": sizes, "side1": side1.describe(),
                          "side1_snr": side1.snr_db, "quality_snr": quality.snr_db, "x86": x86.describe(),
                          "x86_snr": x86.snr_db, "x86_max": x86.max_abs,
                          "slower": sum(arm_run(cpu).report["jobs"][f"{precision}-{variant}"]) / b.x86_s,
-                         "emulated_snr": wav_diff(b.emulated, b.fp32).snr_db if b.emulated and CPUS[cpu].fp16 else None})
+                         "emulated_snr": predicted})
     what = f"{precision} {variant} on {cpu} (calls of {sizes} code frames, SEED {SEED})"
     assert side1.within(gate), f"{what} vs its own reference: {side1.describe()} over {gate}"
     if precision != "fp32":
-        floor = tolerance(QUALITY, key, arithmetic(cpu))
+        floor = tolerance(QUALITY, key, CPUS[cpu].arithmetic)
         assert quality.within(floor), f"{what} vs the fp32 eager decoder: {quality.describe()} under the floor {floor}"
-        if b.emulated is not None and CPUS[cpu].fp16:  # the emulation behind the NATIVE gate predicts a phone
-            predicted = wav_diff(b.emulated, b.fp32).snr_db
+        if predicted is not None:
             assert abs(quality.snr_db - predicted) <= EMULATION_AGREEMENT_DB, (
                 f"{what}: {quality.snr_db:.1f} dB against fp32, the native-fp16 emulation predicted {predicted:.1f} dB")
     else:
@@ -265,7 +264,6 @@ def test_unprepared_runtime_says_how_to_prepare(tmp_path):
         run(tmp_path, "cortex-a76", [])
 
 
-
 def test_conformance_plugin_runs_the_checks_on_arm(arm64_root, precision_artifacts, model_dir, pytester):
     """`pytest --c2w-arch aarch64`: the conformance checks of shipped fp16 artifacts with every program call
     on an emulated cortex-a76 (one aarch64 process, call by call), side 1 at native-fp16's gate; each id
@@ -300,3 +298,37 @@ def test_a_host_that_cannot_have_the_runtime_says_why(tmp_path, monkeypatch, cap
     assert capsys.readouterr().err == f"arm64: not prepared: {why}\n"
     assert not (tmp_path / "ready.json").exists()
     assert ((tmp_path / "unavailable.txt").read_text() == why + "\n") if record else not (tmp_path / "unavailable.txt").exists()
+
+
+REAL_WINDOW = 2  # frames of the real-size window's chunk: the emulation's cost grows with it
+
+
+@pytest.mark.real
+def test_real_size_fp16_window_on_a_phone_core_agrees_with_the_emulation(arm64_root, real_model_dir, context,
+                                                                          tmp_path_factory, capsys):
+    """One real-size window (the windowed fp16 program, a chunk of REAL_WINDOW frames, its history as
+    the parity checks draw it) on cortex-a76 (FEAT_FP16): its SNR against the fp32 eager decoder agrees with what the
+    native-fp16 emulation predicts, within EMULATION_AGREEMENT_DB. Plain fp16 at real size is refused
+    by its quality floor (the emulation predicts it), which is why the emulation must hold there too.
+    Opt-in: --real with --arm64 DIR (a real-size fp16 lowering, and the program's load and call under
+    QEMU)."""
+    from c2w_export import load_decoder
+
+    decoder = load_decoder(real_model_dir)
+    cache = ProgramCache(decoder, REAL_WINDOW, context, tmp_path_factory.mktemp("arm64-real"))
+    results, _ = cache.get(FLOW, "windowed", "fp16")
+    r = results["windowed"]
+    calls = parity_inputs(r.module, 1, SEED, REAL_WINDOW)
+    fp32 = outputs(make_variant(decoder, "windowed", REAL_WINDOW, context), calls, ())
+    t = time.perf_counter()
+    predicted = wav_diff(outputs(lambda *i: emulated(r.own)("windowed", i), calls, ()), fp32)
+    emulation_s = time.perf_counter() - t
+    arm = run(arm64_root, "cortex-a76", [Job("real-fp16-windowed", r.path, "windowed", calls)])
+    got = wav_diff(arm.outputs["real-fp16-windowed"], fp32)
+    with capsys.disabled():
+        print(f"\nreal-size fp16 windowed, chunk {REAL_WINDOW} after {int(calls[0][1])} of {context} frames of history, "
+              f"on cortex-a76: "
+              f"{got.snr_db:.2f} dB against fp32 ({got.describe()}); the emulation predicted {predicted.snr_db:.2f} dB "
+              f"(emulation {emulation_s:.0f} s; aarch64 process {arm.report['total_s']:.0f} s, "
+              f"imports {arm.report['import_s']:.0f} s)")
+    assert abs(got.snr_db - predicted.snr_db) <= EMULATION_AGREEMENT_DB, (got.describe(), predicted.describe())

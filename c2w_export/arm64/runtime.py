@@ -45,6 +45,11 @@ class CpuModel:
     midr: int
     fp16: bool  # FEAT_FP16: XNNPACK's fp16 kernels compute in fp16 (env.FP16_ARITHMETICS "native-fp16")
 
+    @property
+    def arithmetic(self) -> str:
+        """The env.FP16_ARITHMETICS name of this model's fp16 kernels: the key of its fp16 tolerances."""
+        return "native-fp16" if self.fp16 else "fp32-accumulate"
+
     def cpuinfo(self, cores: int = 2) -> str:
         variant, part, rev = (self.midr >> 20) & 0xF, (self.midr >> 4) & 0xFFF, self.midr & 0xF
         block = (f"BogoMIPS\t: 52.00\nFeatures\t: {self.features}\nCPU implementer\t: 0x41\nCPU architecture: 8\n"

@@ -117,7 +117,7 @@ class Conformance:
                 from ..arm64.runtime import CPUS
                 from ..arm64.session import on_arm
 
-                arithmetic = "native-fp16" if CPUS[session.cpu].fp16 else "fp32-accumulate"
+                arithmetic = CPUS[session.cpu].arithmetic
                 self.subject, self.error = Subject(root, model, on_arm(session), f"{session.cpu} (aarch64, QEMU)",
                                                    arithmetic), None
         except Exception as e:  # noqa: BLE001 -- ManifestError, ArtifactError, OSError: reported by test_manifest
