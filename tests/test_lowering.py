@@ -524,8 +524,8 @@ def test_every_chunk_range_exports_and_runs_each_chunk(model_dir, decoder, tmp_p
     """export (XNNPACK, stateful, chunks 1..max_chunk) at a drawn --max-chunk, then one stream through
     the written program that calls every chunk size of the range once, against the offline decode at
     the fp32 gate."""
-    from c2w_export.program.tolerances import tolerance
     from c2w_export.program.streaming import stream_check
+    from c2w_export.program.tolerances import tolerance
     from c2w_export.ship.artifacts import open_artifacts
     from c2w_export.ship.export import export_artifacts
 
