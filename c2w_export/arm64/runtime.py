@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..env import fp16_arithmetic
 from ..fileio import atomic_write_bytes
 
 TORCH, EXECUTORCH, TORCHAO = "2.13.0", "1.5.1", "0.18.0"  # the pins of pyproject.toml
@@ -43,12 +44,17 @@ class CpuModel:
     name: str
     features: str
     midr: int
-    fp16: bool  # FEAT_FP16: XNNPACK's fp16 kernels compute in fp16 (env.FP16_ARITHMETICS "native-fp16")
 
     @property
     def arithmetic(self) -> str:
-        """The env.FP16_ARITHMETICS name of this model's fp16 kernels: the key of its fp16 tolerances."""
-        return "native-fp16" if self.fp16 else "fp32-accumulate"
+        """The env.FP16_ARITHMETICS name of this model's fp16 kernels (the key of its fp16 tolerances),
+        from its cpuinfo features as on a real aarch64 Linux machine."""
+        return fp16_arithmetic(set(self.features.split()), "Linux", "aarch64")
+
+    @property
+    def fp16(self) -> bool:
+        """FEAT_FP16: XNNPACK's fp16 kernels compute in fp16."""
+        return self.arithmetic == "native-fp16"
 
     def cpuinfo(self, cores: int = 2) -> str:
         variant, part, rev = (self.midr >> 20) & 0xF, (self.midr >> 4) & 0xFFF, self.midr & 0xF
@@ -61,8 +67,8 @@ class CpuModel:
 # XNNPACK's fp16 programs compute in float32 there. `-cpu max` is not phone-like (SVE2, SME): not offered.
 CPUS: dict[str, CpuModel] = {c.name: c for c in (
     CpuModel("cortex-a76", "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc "
-             "dcpop asimddp", 0x414FD0B1, True),
-    CpuModel("cortex-a72", "fp asimd evtstrm aes pmull sha1 sha2 crc32 cpuid", 0x410FD083, False),
+             "dcpop asimddp", 0x414FD0B1),
+    CpuModel("cortex-a72", "fp asimd evtstrm aes pmull sha1 sha2 crc32 cpuid", 0x410FD083),
 )}
 
 # Debian arm64 packages of python3.11 and what it and torch link
