@@ -480,7 +480,7 @@ def test_a_range_of_one_and_two_frames_stays_dynamic(monkeypatch, kept):
         ep = torch.export.export(module, (torch.randn(1, 4, 2),), dynamic_shapes=({2: torch.export.Dim.DYNAMIC(min=1, max=2)},))
 
     def both_sizes():
-        loaded = ExecuTorchLoaded(lowering.to_executorch(lowering.lower_together({"f": ep}, "xnnpack"), {"f": ep}))
+        loaded = ExecuTorchLoaded(lowering.to_executorch(lowering.lower_together({"f": ep}, "xnnpack"), {"f": ep}).buffer)
         for t in (1, 2):
             x = torch.randn(1, 4, t)
             torch.testing.assert_close(loaded.run("f", [x])[0], module(x).detach())

@@ -283,15 +283,13 @@ def is_shape_op(node) -> bool:
     return not isinstance(val, torch.Tensor) and isinstance(val, (torch.SymInt, int))
 
 
-def memory_plan(pte: bytes) -> dict[str, int]:
-    """{method: bytes of its memory plan}: the non-constant buffers ExecuTorch's memory planning laid
-    out for the method's activations, inputs, outputs and what stays outside the delegate, at the
-    upper bound of every dynamic axis (the runtime allocates them when the method loads; XNNPACK's
-    own workspace and packed weights come on top). Read from the program's flatbuffer, nothing run."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
-
-    plans = deserialize_pte_binary(pte).program.execution_plan
-    return {p.name: sum(p.non_const_buffer_sizes[1:]) for p in plans}  # [0] is reserved (the constants')
+def memory_plan(program) -> dict[str, int]:
+    """{method: bytes of its memory plan} of an ExecuTorch program (`executorch_program` of a program
+    manager, what the .pte serializes): the non-constant buffers memory planning laid out for the
+    method's activations, inputs, outputs and what stays outside the delegate, at the upper bound of
+    every dynamic axis (the runtime allocates them when the method loads; XNNPACK's own workspace and
+    packed weights come on top). Nothing is run or parsed."""
+    return {p.name: sum(p.non_const_buffer_sizes[1:]) for p in program.execution_plan}  # [0] is reserved
 
 
 def delegation(graph) -> dict:
@@ -341,9 +339,9 @@ class Lower(Stage):
             edge = lower_methods(dict(programs), self.partitioner, work.progress, QUIET_NATIVE)
             for method in programs:
                 work.delegation[method] = delegation(edge.exported_program(method).graph)
-            buffer = to_executorch(edge, programs)
-            work.plan.update(memory_plan(buffer))
-            return buffer
+            manager = to_executorch(edge, programs)
+            work.plan.update(memory_plan(manager.executorch_program))
+            return manager.buffer
         except Exception as e:
             raise FlowError(f"stage 'lower' failed ({self.partitioner}): {type(e).__name__}: {e}") from e
 

@@ -184,13 +184,13 @@ def lower_together(programs: Mapping[str, object], partitioner: str):
     return edge
 
 
-def to_executorch(edge, programs: Mapping[str, object]) -> bytes:
-    """The .pte bytes of `edge` (lower_methods' result for `programs`): its memory is planned in one
-    more retrace, kept symbolic as lowering is (one_frame_kept)."""
+def to_executorch(edge, programs: Mapping[str, object]):
+    """`edge` (lower_methods' result for `programs`) -> its ExecutorchProgramManager (`.buffer`: the
+    .pte bytes): its memory is planned in one more retrace, kept symbolic as lowering is (one_frame_kept)."""
     with one_frame_kept(programs):
         manager = edge.to_executorch()
     check_dynamic(programs, manager, "memory planning")
-    return manager.buffer
+    return manager
 
 
 def check_dynamic(programs: Mapping[str, object], manager, stage: str) -> None:
