@@ -234,3 +234,83 @@ def test_transposed_conv_by_phases_check_catches_taps_in_the_wrong_order():
     """The check above, on phase weights with their two taps swapped: far off."""
     got, want, _ = _by_phases_and_torch(8, 4, True, taps_swapped=True)
     assert (got - want).abs().max() > 0.1
+
+
+# ---------------------------------------------------------------- state updates as a selection (prepare.LastFrames)
+@given(m=st.integers(1, 8), k=st.integers(1, 5), g=st.integers(1, 4), n=st.integers(1, 3), t=st.integers(1, 6),
+       half=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_last_frames_is_the_slice_bit_for_bit(m, k, g, n, t, half, seed):
+    """LastFrames (a matmul with a 0/1 selection) keeps exactly the last m frames of [N, m + T*k, g],
+    in float32 and float16: every kept value is bit for bit the slice's."""
+    from c2w_export.program.prepare import LastFrames
+
+    dtype = torch.float16 if half else torch.float32
+    z = torch.randn(n, m + t * k, g, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    got = LastFrames(m, k).to(dtype)(z)
+    assert got.shape == (n, m, g) and torch.equal(got, z[:, -m:])
+
+
+def test_last_frames_check_catches_frames_in_the_wrong_order():
+    """The check above on a selection whose identity block is rolled by one frame: not the slice."""
+    from c2w_export.program.prepare import LastFrames
+
+    frames = LastFrames(3, 2)
+    frames.eye = frames.eye.roll(1, 0)
+    z = torch.randn(2, 3 + 4 * 2, 5, generator=torch.Generator().manual_seed(0))
+    assert not torch.equal(frames(z), z[:, -3:])
+
+
+def _slice_tails(monkeypatch):
+    """prepare's folded leaves with their state updates as plain slices again (the model's own)."""
+    from c2w_export.model.decoder import Attention
+    from c2w_export.model.layers import StatefulLeaf
+    from c2w_export.program import prepare as pp
+
+    for cls in (pp.FoldedCausalConv1d, pp.FoldedConvTranspose1d):
+        monkeypatch.setattr(cls, "tail", StatefulLeaf.tail)
+    monkeypatch.setattr(pp.FoldedAttention, "keep_cache", Attention.keep_cache)
+
+
+def _rolled_selection(monkeypatch):
+    """The deliberate bug: every LastFrames built with its identity block rolled by one frame."""
+    from c2w_export.program import prepare as pp
+
+    init = pp.LastFrames.__init__
+
+    def rolled(self, m, k):
+        init(self, m, k)
+        self.eye = self.eye.roll(1, 0)
+
+    monkeypatch.setattr(pp.LastFrames, "__init__", rolled)
+
+
+SELECTIONS = [  # (id, a patch of prepare before it folds, whether the stream equals the slices')
+    ("as-shipped", None, True),
+    ("selection-rolled-one-frame", _rolled_selection, False),
+]
+
+
+@pytest.mark.parametrize("patch,equal", cases(SELECTIONS))
+def test_prepared_state_updates_are_the_slices_bit_for_bit(decoder, monkeypatch, patch, equal):
+    """A stream through the prepared stateful decoder (chunks 1..4): with its state updates taken
+    by LastFrames, every output and state is bit for bit what the same decoder gives with them as
+    slices (the model's own). On a selection rolled by one frame, it is not."""
+    from c2w_export.program.prepare import prepare
+    from c2w_export.program.variants import make_variant
+
+    if patch:
+        patch(monkeypatch)
+    m = make_variant(prepare(decoder), "stateful", 4, 0)
+    codes = random_codes(decoder, 14, 3)
+    streams = []
+    for sliced in (False, True):
+        with monkeypatch.context() as p:
+            if sliced:
+                _slice_tails(p)
+            state, outs, at = list(m.initial_state()), [], 0
+            for c in (1, 4, 2, 3, 4):
+                out = m(codes[..., at:at + c], *state)
+                outs += list(out)
+                state, at = list(out[1:]), at + c
+        streams.append(outs)
+    assert all(torch.equal(a, b) for a, b in zip(*streams)) == equal

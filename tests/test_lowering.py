@@ -369,7 +369,8 @@ def test_windowed_program_recomputes_no_constant_and_expands_nothing_outside_the
 def test_dynamic_programs_are_delegated_whole(programs, pytestconfig):
     """Each variant's one XNNPACK method (chunks 1..max) runs as at most 3 partitions with no op
     outside the delegate between two of them: what stays outside prepares the inputs (positions,
-    masks, the codebook lookup) or copies the new state out. Every reshape is delegated."""
+    masks, the codebook lookup). Every reshape is delegated, and every new state but the position
+    comes straight out of a delegate call (prepare.LastFrames: no state update runs outside)."""
     from helpers import require_flow
 
     require_flow(pytestconfig, "executorch_xnnpack")
@@ -378,6 +379,7 @@ def test_dynamic_programs_are_delegated_whole(programs, pytestconfig):
         print(f"{variant}: {d}")
         assert d["partitions"] <= 3 and d["between_ops"] == 0, (variant, d)
         assert "view_copy" not in d["outside"], (variant, d)
+        assert d["outputs_outside"] == (1 if variant == "stateful" else 0), (variant, d)  # the position
 
 
 def _symbolic_interleave(y, stride):
@@ -538,3 +540,72 @@ def test_every_chunk_range_exports_and_runs_each_chunk(model_dir, decoder, tmp_p
     [check] = stream_check(decoder, art.programs().run, ["stateful"], [max_chunk], 0, sum(calls), 5,
                            tolerance("executorch_xnnpack"), calls=calls)
     assert check.passed, check.describe()
+
+
+# ---------------------------------------------------------------- state updates inside the delegate
+class _TwoHistories(torch.nn.Module):
+    """Two causal convs, each carrying its history as state, around a 4x upsampling transposed
+    conv, on a dynamic chunk (frames 2..25): a 6-sample history at 1 sample per frame and an
+    18-sample one at 4 (prepare.sample_frames: a plain selection, and one of 2-sample frames)."""
+
+    def __init__(self):
+        super().__init__()
+        from c2w_export.model.layers import CausalConv1d
+        from c2w_export.program.prepare import FoldedCausalConv1d
+
+        a, b = CausalConv1d(4, 4, 7), CausalConv1d(4, 4, 7, dilation=3)
+        (a.state_name, a.rate), (b.state_name, b.rate) = ("a", 1), ("b", 4)
+        self.a, self.b = FoldedCausalConv1d(a), FoldedCausalConv1d(b)
+        self.up = torch.nn.ConvTranspose1d(4, 4, 4, stride=4)
+
+    def forward(self, x, ha, hb):
+        y, na = self.a(x, {"a.history": ha})
+        y, nb = self.b(self.up(y), {"b.history": hb})
+        return y, na["a.history"], nb["b.history"]
+
+
+def _sliced(monkeypatch):
+    from c2w_export.model.layers import StatefulLeaf
+    from c2w_export.program import prepare as pp
+
+    monkeypatch.setattr(pp.FoldedCausalConv1d, "tail", StatefulLeaf.tail)
+
+
+STATE_UPDATES = [  # (id, a patch, share_factories run, the ops outside the delegate, the plan holds I/O only)
+    ("as-shipped", None, True, {"full": 1}, True),
+    ("slices", _sliced, True, {"slice_copy": 2}, False),
+    ("without-share-factories", None, False, {"full": 2}, True),
+]
+
+
+@pytest.mark.parametrize("patch,share,outside,small", cases(STATE_UPDATES))
+def test_state_updates_run_inside_the_delegate(monkeypatch, patch, share, outside, small):
+    """Two state updates on a dynamic chunk, lowered (one partition: the weight cap off): with
+    LastFrames and share_factories, one `full` (sized from the input) is all that runs outside the
+    delegate, and the memory plan holds the inputs and outputs (and that [T, 1]) only. As slices
+    (the model's own), each update runs outside on the whole concatenated chunk, which the plan then
+    holds at the largest chunk. Without share_factories, each update builds its own zeros."""
+    from c2w_export.program import flows
+    from c2w_export.program.prepare import share_factories
+
+    from c2w_export.program.partition import capped_xnnpack_partitioner
+
+    if patch:
+        patch(monkeypatch)
+    # uncapped: the cap cuts this small graph's one partition in two, and the plan then holds the cut
+    monkeypatch.setitem(lowering.PARTITIONERS, "xnnpack", lambda: [capped_xnnpack_partitioner(share=1.0)])
+    t = torch.export.Dim.DYNAMIC(min=2, max=25)  # a named Dim fails on min(9 + 2t, 18 + 4t) == 9 + 2t
+    inputs = (torch.randn(1, 4, 25), torch.zeros(1, 4, 6), torch.zeros(1, 4, 18))
+    ep = torch.export.export(_TwoHistories().eval(), inputs, dynamic_shapes=({2: t}, None, None))
+    if share:
+        share_factories(ep.graph)
+        ep.graph_module.recompile()
+    programs = {"f": ep}
+    edge = lowering.lower_together(programs, "xnnpack")
+    d = delegation(edge.exported_program("f").graph)
+    plan = flows.memory_plan(lowering.to_executorch(edge, programs).executorch_program)["f"]
+    io = 4 * (4 * 25 + 4 * 100 + 2 * 4 * (6 + 18))  # float32 x, y and both states in and out
+    assert d["outside"] == outside, d
+    assert (plan <= io + 4 * 25 * 4) == small, (plan, io)  # room for the [T, 1] zeros (a concatenated chunk: 4 * 472)
+    if small:
+        assert d["between_ops"] == 0, d

@@ -127,8 +127,12 @@ class Attention(StatefulLeaf):
         out = self.o_proj(out.transpose(1, 2).contiguous().view(b, -1, self.heads * self.head_dim))
         if not cached:
             return out, {}
-        start = keys.shape[2] - self.cache
-        return out, {kn: keys[:, :, start:], vn: values[:, :, start:]}
+        return out, {kn: self.keep_cache(keys), vn: self.keep_cache(values)}
+
+    def keep_cache(self, x: Tensor) -> Tensor:
+        """Keys or values [B, Hkv, W-1+T, D] -> the last W-1 frames [B, Hkv, W-1, D], the new cache (a
+        slice; an export folds it into what its backend delegates, program/prepare.py)."""
+        return x[:, :, x.shape[2] - self.cache:]
 
 
 class MLP(nn.Module):
@@ -289,6 +293,9 @@ class Code2Wav(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, StatefulLeaf):
                 module.state_name = name
+        modules = dict(self.named_modules())
+        for name, rate in self.leaf_rates().items():
+            modules[name].rate = rate
 
     # -------------------------------------------------------- state
     def state_spec(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
@@ -353,6 +360,18 @@ class Code2Wav(nn.Module):
                     rate //= stride
             out.append(tail + -(-need // rate))
         return out[::-1]
+
+    def leaf_rates(self) -> dict[str, int]:
+        """{state_name: samples per code frame of its input} for every StatefulLeaf: 1 before the conv
+        stack (the pre-conv, the attention's frames), then each transposed conv's stride on."""
+        rates = {m.state_name: 1 for m in [self.pre_conv, *self.pre_transformer.modules()] if isinstance(m, StatefulLeaf)}
+        for layer, rate in zip(self._stack(), self._stack_rates()):
+            for m in layer.modules():  # in data order: a transposed conv's own input is at the rate before it
+                if isinstance(m, StatefulLeaf):
+                    rates[m.state_name] = rate
+                if isinstance(m, CausalConvTranspose1d):
+                    rate *= m.conv.stride[0]
+        return rates
 
     # -------------------------------------------------------- compute
     def _stack_rates(self) -> list[int]:

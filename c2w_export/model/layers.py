@@ -17,13 +17,14 @@ offline decode sees before frame 0.
 from __future__ import annotations
 
 import itertools
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 State = Mapping[str, Tensor]
+Tail = Callable[[Tensor, int], Tensor]  # (x [..., L], n) -> x's last n samples [..., n]
 
 
 # ---------------------------------------------------------------- pure functions
@@ -121,15 +122,20 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, upcas
     return torch.bmm(weights, v).view(b, h, -1, d)
 
 
+def last_samples(x: Tensor, n: int) -> Tensor:
+    """x [..., L] -> its last n samples [..., n] (a slice)."""
+    return x[..., x.shape[-1] - n:]
+
+
 def causal_conv1d(x: Tensor, history: Tensor | None, weight: Tensor, bias: Tensor | None,
-                  dilation: int, groups: int) -> tuple[Tensor, Tensor]:
+                  dilation: int, groups: int, tail: Tail = last_samples) -> tuple[Tensor, Tensor]:
     """Stride-1 causal conv. x [B, Cin, T], history [B, Cin, P] with P = (K-1)*dilation, or None
     for a stream start (zero left padding) -> y [B, Cout, T], new history [B, Cin, P] (the last P
-    input samples seen)."""
+    input samples seen, taken by `tail`)."""
     pad = (weight.shape[-1] - 1) * dilation
     xx = torch.cat([history, x], dim=-1) if history is not None else F.pad(x, (pad, 0))
     y = F.conv1d(xx, weight, bias, dilation=dilation, groups=groups)
-    return y, xx[..., xx.shape[-1] - pad:]
+    return y, tail(xx, pad)
 
 
 def transposed_history(kernel: int, stride: int) -> int:
@@ -139,7 +145,7 @@ def transposed_history(kernel: int, stride: int) -> int:
 
 
 def causal_conv_transpose1d(x: Tensor, history: Tensor | None, weight: Tensor, bias: Tensor | None,
-                            stride: int) -> tuple[Tensor, Tensor]:
+                            stride: int, tail: Tail = last_samples) -> tuple[Tensor, Tensor]:
     """Causal transposed conv: its output samples T*S of x, the last K-S of the full transposed conv
     trimmed (they belong to the next chunk). x [B, Cin, T], weight [Cin, Cout, K], history
     [B, Cin, H] (H = transposed_history(K, S): the input frames before x whose kernels reach into
@@ -151,7 +157,7 @@ def causal_conv_transpose1d(x: Tensor, history: Tensor | None, weight: Tensor, b
         return (full[..., :n] if full.shape[-1] > n else full), x[..., x.shape[-1] - h:]
     xx = torch.cat([history, x], dim=-1)
     y = F.conv_transpose1d(xx, weight, bias, stride=stride)[..., h * stride: h * stride + n]
-    return y, xx[..., xx.shape[-1] - h:]
+    return y, tail(xx, h)
 
 
 def compute_dtype(module: nn.Module) -> torch.dtype | None:
@@ -209,10 +215,16 @@ class StatefulLeaf(nn.Module):
     """A leaf with named state. `state_name` is its module path, set by the decoder."""
 
     state_name: str = ""
+    rate: int = 1  # samples per code frame of its input (Code2Wav.leaf_rates), set by the decoder
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         """{state name: shape without the batch dim}."""
         raise NotImplementedError
+
+    def tail(self, x: Tensor, n: int) -> Tensor:
+        """x [B, C, L] -> its last n samples [B, C, n], the new history (a slice; an export folds it
+        into what its backend delegates, program/prepare.py)."""
+        return last_samples(x, n)
 
 
 class CausalConv1d(StatefulLeaf):
@@ -232,7 +244,7 @@ class CausalConv1d(StatefulLeaf):
             return self.conv(x), {}
         key = f"{self.state_name}.history"
         y, hist = causal_conv1d(drop_absent(x, keep), state.get(key), self.conv.weight, self.conv.bias,
-                                self.conv.dilation[0], self.conv.groups)
+                                self.conv.dilation[0], self.conv.groups, self.tail)
         return y, ({key: hist} if key in state else {})
 
 
@@ -261,7 +273,7 @@ class CausalConvTranspose1d(StatefulLeaf):
 
     def _conv(self, x: Tensor, history: Tensor | None) -> tuple[Tensor, Tensor]:
         """causal_conv_transpose1d with this module's weights -> (y, new history)."""
-        return causal_conv_transpose1d(x, history, self.conv.weight, self.conv.bias, self.conv.stride[0])
+        return causal_conv_transpose1d(x, history, self.conv.weight, self.conv.bias, self.conv.stride[0], self.tail)
 
 
 class RMSNorm(nn.Module):

@@ -297,7 +297,9 @@ def delegation(graph) -> dict:
     tensor operators stay outside them (portable kernels), with counts; how many of those sit
     between two delegate calls (`between_ops`: fed by one, feeding another, so they split the
     graph: a delegated-whole program has none; the others prepare the inputs or copy the state
-    out), and how many size computations of a dynamic chunk run between kernels (`shape_ops`)."""
+    out), how many size computations of a dynamic chunk run between kernels (`shape_ops`), and how
+    many of the graph's outputs an op outside the delegate computes (`outputs_outside`: a stateful
+    method's position is one; a state update outside the delegate is one more)."""
     calls = [n for n in graph.nodes if n.op == "call_function"]
     ops = {n: op_name(n) for n in calls}  # named once: delegation walks each node's inputs and users
     delegate = {n for n, op in ops.items() if op == "executorch_call_delegate"}
@@ -319,8 +321,20 @@ def delegation(graph) -> dict:
         if any(u in before or u in delegate for u in n.users):
             before.add(n)
     between = sum(n in after and n in before for n in tensor_ops)
+    results = _outputs(graph)
+    computed_outside = sum(1 for a in results if a.op == "call_function"
+                           and not (a.target is operator.getitem and a.args[0] in delegate))
     return {"partitions": partitions, "outside_ops": sum(outside.values()), "between_ops": between, "shape_ops": shape,
+            "outputs_outside": computed_outside,
             "outside": dict(sorted(outside.items(), key=lambda kv: (-kv[1], kv[0])))}
+
+
+def _outputs(graph) -> list:
+    """The nodes a graph returns, in order."""
+    out = next(n for n in graph.nodes if n.op == "output")
+    found: list = []
+    torch.fx.node.map_arg(out.args[0], found.append)
+    return found
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ QUANT_PARTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...] | None]] = {
              ("decoder.decoder.4.", "decoder.decoder.6.")),
 }
 # prepare's modules that move values exactly (a +-1 permutation as a linear): never quantized
-EXACT_MODULES = ("Rotate", "ShiftTrim")
+EXACT_MODULES = ("Rotate", "ShiftTrim", "LastFrames")
 CALIBRATION = {"calls": 12, "seed": 777}  # seeded calibration: per method, `calls` parity_inputs at `seed`
 
 

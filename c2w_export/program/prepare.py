@@ -11,6 +11,11 @@ untouched decoder (and the tests with upstream), so a folding bug cannot hide.
   the bias as a [1, C, 1] buffer (no per-call unsqueeze).
 - RoPE: the inverse frequencies as a buffer; the rotate-half as a linear with a +-1 matrix
   (Rotate: exact, and delegated at a dynamic chunk, where slicing the halves is not).
+- State updates (the last samples of a history, the last frames of a K/V cache): a batched matmul
+  with a 0/1 selection (LastFrames: exact, and delegated at a dynamic chunk, where the slice is
+  not: its input, the whole chunk, would leave the delegate and be planned at the largest chunk).
+  The selection's zero block is built from one [T, 1] zeros per dtype, the only op left outside
+  (share_factories makes the leaves share it).
 - The windowed cuts (Trim): a dilated two-tap depthwise conv (ShiftTrim: exact, and delegated at
   a dynamic chunk, where the slice is not).
 - SwiGLU's SiLU written as x * sigmoid(x) (SwiGLU4Export): the decomposition export applies to F.silu
@@ -23,14 +28,15 @@ untouched decoder (and the tests with upstream), so a folding bug cannot hide.
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..model.decoder import MLP, Attention, Code2Wav, ResidualVQ, Transformer
-from ..model.layers import (CausalConvTranspose1d, RMSNorm, SnakeBeta, Trim, cast, causal_conv1d, into, snake,
-                            snake_constants, work_dtype)
+from ..model.layers import (CausalConv1d, CausalConvTranspose1d, RMSNorm, SnakeBeta, Tail, Trim, cast, causal_conv1d,
+                            into, last_samples, snake, snake_constants, work_dtype)
 
 
 def mean_last(x: Tensor) -> Tensor:
@@ -102,34 +108,92 @@ def interleave_phases(y: Tensor, stride: int) -> Tensor:
     return y.view(b, channels // stride, stride, -1).transpose(2, 3).contiguous().view(b, channels // stride, -1)
 
 
+class LastFrames(nn.Module):
+    """z [N, F, g] with F = m + T*k frames (T >= 1 the chunk, m and k static) -> its last m frames
+    z[:, F - m:] [N, m, g], as a batched matmul with the 0/1 selection [F, m] (T*k zero rows, then
+    the identity): each output is one input times 1 plus zeros, so it is exact in every float dtype
+    (an inf or nan anywhere in z would spread, as 0 * inf is nan; a decoder's state holds neither).
+    XNNPACK delegates the matmul, the permutes and the zero block's broadcast at a dynamic chunk;
+    the [T, 1] zeros, built from T alone, is the one op outside, shared by every selection of a
+    dtype (share_factories). Quantizers leave it alone (precision.EXACT_MODULES)."""
+
+    def __init__(self, m: int, k: int):
+        super().__init__()
+        self.m, self.k = m, k
+        self.register_buffer("eye", torch.eye(m))
+        self.register_buffer("zero_row", torch.zeros(1, k * m))  # [T, 1] + this = the zero block's rows, k per frame
+
+    def forward(self, z: Tensor) -> Tensor:
+        n, f, g = z.shape
+        zeros = torch.zeros((f - self.m) // self.k, 1, dtype=z.dtype)  # [T, 1]
+        select = torch.cat([(zeros + self.zero_row).view(-1, self.m), self.eye])  # [F, m]
+        flat = z.view(1, n, -1) if g == 1 else z.transpose(1, 2).contiguous().view(1, n * g, -1)  # [1, N*g, F]
+        out = torch.bmm(flat, select.view(1, -1, self.m))  # [1, N*g, m]
+        return out.view(n, self.m, 1) if g == 1 else out.view(n, g, self.m).transpose(1, 2)
+
+
+def sample_frames(history: int, rate: int) -> LastFrames:
+    """The LastFrames that keeps the last `history` samples of [C, history + T*rate]: frames of
+    g = gcd(history, rate) samples, m = history / g of them kept, k = rate / g per code frame (g = 1
+    at rate 1: a plain [L, history] selection; larger g: fewer columns, so fewer multiplies)."""
+    g = math.gcd(history, rate)
+    return LastFrames(history // g, rate // g)
+
+
+def tail_by_frames(frames: LastFrames | None, x: Tensor, n: int) -> Tensor:
+    """x [1, C, n + T*rate] -> its last n samples [1, C, n], by `frames` (sample_frames(n, rate);
+    None: a leaf without history, n = 0)."""
+    if frames is None:
+        return last_samples(x, n)
+    c = x.shape[1]
+    return frames(x.view(c, -1, n // frames.m)).contiguous().view(1, c, n)
+
+
+class FoldedCausalConv1d(CausalConv1d):
+    """CausalConv1d whose new history is taken by LastFrames (tail_by_frames)."""
+
+    def __init__(self, module: CausalConv1d):
+        nn.Module.__init__(self)
+        self.conv, self.pad, self.state_name, self.rate = module.conv, module.pad, module.state_name, module.rate
+        self.frames = sample_frames(self.pad, self.rate) if self.pad else None
+
+    def tail(self, x: Tensor, n: int) -> Tensor:
+        return tail_by_frames(self.frames, x, n)
+
+
 def causal_conv_transpose1d_by_phases(x: Tensor, history: Tensor | None, phases: Tensor, bias: Tensor | None,
-                                      stride: int) -> tuple[Tensor, Tensor]:
+                                      stride: int, tail: Tail = last_samples) -> tuple[Tensor, Tensor]:
     """layers.causal_conv_transpose1d computed as the stride-1 causal conv of its output phases
     (phase_weight: one output channel per phase; its history is the transposed conv's H input
     frames), the phases interleaved in time. XNNPACK runs this conv 1.6-3.7x faster than its
     transposed conv (Subconv2D) at real-size shapes. No slice of the chunk axis on the way to y (a
     slice of a dynamic axis is not delegated). x [B, Cin, T], history [B, Cin, H] or None, phases
     [Cout * S, Cin, H + 1], bias [1, Cout, 1] or None -> y [B, Cout, T*S], new history [B, Cin, H]."""
-    y, new = causal_conv1d(x, history, phases, None, 1, 1)  # [B, Cout * S, T]: out[S*t + j] = y[c*S + j, t]
+    y, new = causal_conv1d(x, history, phases, None, 1, 1, tail)  # [B, Cout * S, T]: out[S*t + j] = y[c*S + j, t]
     y = interleave_phases(y, stride)
     return (y + bias if bias is not None else y), new
 
 
 class FoldedConvTranspose1d(CausalConvTranspose1d):
     """CausalConvTranspose1d computed by causal_conv_transpose1d_by_phases, its bias a [1, Cout, 1]
-    buffer. The transposed conv's weight is dropped; `conv` stays for its shape (state_shapes, the
-    decoder's reach)."""
+    buffer, its new history taken by LastFrames. The transposed conv's weight is dropped; `conv`
+    stays for its shape (state_shapes, the decoder's reach)."""
 
     def __init__(self, module: CausalConvTranspose1d):  # module belongs to prepare()'s private copy
         nn.Module.__init__(self)
         self.conv, self.overlap, self.pad, self.state_name = module.conv, module.overlap, module.pad, module.state_name
+        self.rate = module.rate
+        self.frames = sample_frames(self.pad, self.rate) if self.pad else None
         bias = module.conv.bias
         self.register_buffer("bias3", None if bias is None else bias.detach()[None, :, None])
         self.phases = nn.Parameter(phase_weight(module.conv.weight.detach(), module.conv.stride[0]))
         self.conv.weight, self.conv.bias = None, None  # carried by phases and bias3 alone
 
     def _conv(self, x: Tensor, history: Tensor | None) -> tuple[Tensor, Tensor]:
-        return causal_conv_transpose1d_by_phases(x, history, self.phases, self.bias3, self.conv.stride[0])
+        return causal_conv_transpose1d_by_phases(x, history, self.phases, self.bias3, self.conv.stride[0], self.tail)
+
+    def tail(self, x: Tensor, n: int) -> Tensor:
+        return tail_by_frames(self.frames, x, n)
 
 
 def rotate_half_matrix(dim: int) -> Tensor:
@@ -156,7 +220,8 @@ class Rotate(nn.Module):
 
 
 class FoldedAttention(Attention):
-    """Attention whose RoPE rotate-half is a linear (Rotate). [B, T, hidden] -> [B, T, hidden]."""
+    """Attention whose RoPE rotate-half is a linear (Rotate), and whose new K/V cache is taken by
+    LastFrames (frames of D values). [B, T, hidden] -> [B, T, hidden]."""
 
     def __init__(self, module: Attention):
         nn.Module.__init__(self)
@@ -164,9 +229,14 @@ class FoldedAttention(Attention):
         self.heads, self.kv_heads, self.head_dim, self.cache = module.heads, module.kv_heads, module.head_dim, module.cache
         self.state_name = module.state_name
         self.rotate = Rotate(module.head_dim)
+        self.frames = LastFrames(module.cache, 1)
 
     def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         return x * cos + self.rotate(x) * sin
+
+    def keep_cache(self, x: Tensor) -> Tensor:
+        b, h, _, d = x.shape
+        return self.frames(x.view(b * h, -1, d)).contiguous().view(b, h, self.cache, d)
 
 
 class ShiftTrim(Trim):
@@ -234,7 +304,7 @@ class FoldedTransformer(Transformer):
 
 # module type -> its export-ready replacement
 FOLDS: dict[type, type] = {
-    SnakeBeta: FoldedSnake, ResidualVQ: FoldedRVQ, CausalConvTranspose1d: FoldedConvTranspose1d,
+    SnakeBeta: FoldedSnake, ResidualVQ: FoldedRVQ, CausalConv1d: FoldedCausalConv1d, CausalConvTranspose1d: FoldedConvTranspose1d,
     RMSNorm: RMSNorm4D, nn.LayerNorm: LayerNorm4D, Transformer: FoldedTransformer, Attention: FoldedAttention,
     MLP: SwiGLU4Export,
 }  # module type -> its folded replacement
@@ -251,3 +321,63 @@ def prepare(decoder: Code2Wav) -> Code2Wav:
     prepared.trim = ShiftTrim(max(max(m.in_channels, m.out_channels) for m in prepared.modules()
                                   if isinstance(m, (nn.Conv1d, nn.ConvTranspose1d))))
     return prepared.eval().requires_grad_(False)
+
+
+FACTORIES = ("aten.zeros.default", "aten.full.default")  # ops that build a tensor from sizes alone
+
+
+def share_factories(graph: torch.fx.Graph) -> int:
+    """The factory nodes of `graph` (FACTORIES; prepare's LastFrames builds a [T, 1] zeros per state
+    update) made cheap to run outside a delegate, in place:
+
+    - a symbolic size equal to an input's size is read from that input. Traced, it is read from the
+      tensor it was computed from, which a delegate would then have to hand out whole, only for
+      its size, and the factory would sit between two delegate calls.
+    - equal factories (same op, same arguments, a symbolic size compared by its expression) are
+      merged into the first: export does not merge them, and each would be one more op outside.
+
+    Returns how many nodes were merged."""
+    inputs: dict[str, tuple] = {}  # size expression -> (placeholder, dim)
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder" and isinstance(val, torch.Tensor):
+            for dim, size in enumerate(val.shape):
+                if isinstance(size, torch.SymInt):
+                    inputs.setdefault(str(size), (node, dim, size))
+    read: dict[str, torch.fx.Node] = {}  # size expression -> its sym_size node on the input
+
+    def from_input(a):
+        val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        if not isinstance(val, torch.SymInt) or str(val) not in inputs:
+            return a
+        if str(val) not in read:
+            placeholder, dim, size = inputs[str(val)]
+            last = [n for n in graph.nodes if n.op == "placeholder"][-1]
+            with graph.inserting_after(last):
+                read[str(val)] = graph.call_function(torch.ops.aten.sym_size.int, (placeholder, dim))
+            read[str(val)].meta["val"] = size
+        return read[str(val)]
+
+    def key(a):
+        if isinstance(a, torch.fx.Node):
+            val = a.meta.get("val")
+            return ("sym", str(val)) if isinstance(val, torch.SymInt) else ("node", a.name)
+        if isinstance(a, (list, tuple)):
+            return tuple(key(x) for x in a)
+        return repr(a)
+
+    first: dict = {}
+    merged = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or str(node.target) not in FACTORIES:
+            continue
+        node.args = torch.fx.node.map_arg(node.args, from_input)
+        k = (str(node.target), key(node.args), key(tuple(sorted(node.kwargs.items()))))
+        if k in first:
+            node.replace_all_uses_with(first[k])
+            graph.erase_node(node)
+            merged += 1
+        else:
+            first[k] = node
+    graph.eliminate_dead_code()  # the sizes no longer read from intermediate tensors
+    return merged

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from ..model.decoder import Code2Wav
 from .codes import check_chunk, check_history, check_windows, random_codes
+from .prepare import share_factories
 
 VARIANTS = ("windowed", "stateful")
 HISTORY = "history"  # the windowed methods' second input: real history frames in the window
@@ -114,6 +115,13 @@ def _io(t: Tensor, dtype: torch.dtype) -> Tensor:
     return t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
 
 
+def mono(wav: Tensor) -> Tensor:
+    """wav [1, 1, n] -> [1, n]: a view with the sample axis inferred, which XNNPACK delegates (a
+    select of the channel, or a view with a symbolic size, would copy the whole chunk's audio
+    outside the delegate)."""
+    return wav.view(wav.shape[0], -1)
+
+
 def initial_state(decoder: Code2Wav) -> tuple[Tensor, ...]:
     """A stream's start state as the stateful methods take it: tensors in `state_spec()` order, floats
     in io_dtype."""
@@ -173,7 +181,7 @@ class Windowed(_Variant):
     def forward(self, codes: Tensor, history: Tensor) -> Tensor:
         # no state: the window starts it; the conv stack runs on the frames the chunk's audio depends on
         wav, _ = self.decoder.step(codes, {}, first=self.context - history, context=self.context)
-        return _io(wav[:, 0], io_dtype(self.decoder))
+        return _io(mono(wav), io_dtype(self.decoder))
 
     def input_specs(self) -> list[TensorSpec]:
         return [self._codes_spec(), TensorSpec(HISTORY, (1,), "int64")]
@@ -208,7 +216,7 @@ class Stateful(_Variant):
         io = io_dtype(self.decoder)
         dtypes = [d for _, _, d in self.decoder.state_spec()]  # each part's own, as the decoder is now
         wav, new = self.decoder.step(codes, {n: _io(s, d) for n, s, d in zip(self.names, state, dtypes)})
-        return (_io(wav[:, 0], io), *(_io(new[n], io) for n in self.names))
+        return (_io(mono(wav), io), *(_io(new[n], io) for n in self.names))
 
     def input_specs(self) -> list[TensorSpec]:
         return [self._codes_spec(), *self.state_specs()]
@@ -248,6 +256,8 @@ def export_variant(module: nn.Module, inputs: tuple, variant: Windowed | Statefu
     shapes = variant.dynamic_shapes(flat=not isinstance(module, _Variant))
     with torch.no_grad(), fx_config.patch(backed_size_oblivious=variant.context == 0):
         ep = torch.export.export(module, tuple(inputs), strict=False, dynamic_shapes=shapes)
+    share_factories(ep.graph)  # the state updates' zeros (prepare.LastFrames): one, sized from the codes
+    ep.graph_module.recompile()
     spec = variant.input_specs()[0]
     codes = next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs)
     size = codes.meta["val"].shape[spec.chunk_axis]

@@ -30,6 +30,7 @@ GOALS = {
     "methods": ("methods per (variant, precision)", "1, any chunk 1..25", None),
     "lower": ("lowering one XNNPACK variant", "<= 40 s", "tiny"),
     "delegation": ("partitions / ops outside per XNNPACK method", "<= 3 / <= 30", None),
+    "plan": ("the method's memory plan (non-constant buffers)", "<= 20 MB", "real"),
     "static": ("dynamic / static call, chunks 1, 2, 25", "within 5% (0.95-1.05)", "real"),
     "memory": ("load peak / running peak vs the file", "<= 1.4x / <= 1.35x", "real"),
     "cold": ("first chunk after load / warm call", "<= 1.2x", "real"),
@@ -53,6 +54,7 @@ def _goals(extra: dict) -> list[str]:
             "methods": (f"1 ({p['method']}, chunks {p['chunk']})", True) if p else None,
             "lower": (f"{p['lower_s']:.1f} s", p["lower_s"] <= 40) if "lower_s" in p else None,
             "delegation": (f"{d['partitions']} / {d['outside_ops']}", d["partitions"] <= 3 and d["outside_ops"] <= 30) if d else None,
+            "plan": (f"{p['plan_bytes'] / 1e6:.1f} MB", p["plan_bytes"] <= 20e6) if p.get("plan_bytes") else None,
             "static": (", ".join(f"{r:.2f}" for r in static[v]), all(0.95 <= r <= 1.05 for r in static[v])) if v in static else None,
             "memory": (f"{x(m['load_peak_kb']):.2f}x / {x(m['run_peak_kb']):.2f}x",
                        x(m["load_peak_kb"]) <= 1.4 and x(m["run_peak_kb"]) <= 1.35) if m else None,
@@ -99,8 +101,8 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
     lines += ["", "## Latency per call", "",
               "GFLOP/s: the eager call's FLOPs (FlopCounterMode) over this flow's median latency.", "",
               "| flow | variant | chunk | median ms | IQR ms | RTF per call | GFLOP/s | % peak | bytes | export s | lower s "
-              "| graph nodes | partitions | ops outside the delegate |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| graph nodes | partitions | ops outside the delegate | memory plan MB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     flops = {(f["variant"], f["chunk"]): f for f in extra.get("flops", [])}
     progs = {(p["flow"], p["variant"]): p for p in extra.get("programs", [])}  # one program per variant, every chunk
     for c in sorted((c for c in calls if c.get("kind") == "call"), key=lambda c: (c["flow"], c["variant"], c["chunk"])):
@@ -111,7 +113,8 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
                      f"{c['median_s'] / (c['chunk'] * hop_s):.3f} | {_fmt(gflops)} | {share(gflops)} | {p.get('bytes', '-')} | "
                      f"{_fmt(p.get('export_s'), '.1f')} | {_fmt(p.get('lower_s'), '.1f')} | {p.get('nodes') or '-'} | "
                      f"{(p.get('delegation') or {}).get('partitions', '-')} | "
-                     f"{(p.get('delegation') or {}).get('outside_ops', '-')} |")
+                     f"{(p.get('delegation') or {}).get('outside_ops', '-')} | "
+                     f"{_fmt(p['plan_bytes'] / 1e6, '.2f') if p.get('plan_bytes') else '-'} |")
     static = extra.get("static_vs_dynamic", [])
     if static:
         lines += ["", "## One dynamic program against a static program per chunk", "",

@@ -71,8 +71,13 @@ def measure(decoder: Code2Wav, precision: str, chunks: Sequence[int], frames: in
         "stream_snr_db": stream.snr_db, "stream_max_abs": stream.max_abs,
         "rtf": res.real_time_factor(cfg.output_sample_rate), "first_audio_ms": res.first_chunk_seconds * 1e3,
         "partitions": results[0].delegation.get("partitions"), "outside_ops": results[0].delegation.get("outside_ops"),
+        "plan_bytes": results[0].plan_bytes,
         "build_s": build_s, "failure": "; ".join(r.failure() for r in results if not r.passed),
     }
+
+
+def _fmt_mb(n: int | None) -> str:
+    return "-" if not n else f"{n / 1e6:.1f}"
 
 
 def table(rows: Sequence[dict], config: str, frames: int) -> str:
@@ -91,18 +96,18 @@ def table(rows: Sequence[dict], config: str, frames: int) -> str:
              "Native fp16 dB: the own reference with native fp16 arithmetic (emulated, program/native_fp16.py) against "
              "fp32, per call, worst method: what a phone gets.", "",
              "| precision | quantized | arithmetic | .pte MB | x fp32 bytes | own dB | quality dB | native fp16 dB "
-             "| stream dB | RTF | first audio ms | partitions | ops outside | gates |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| stream dB | RTF | first audio ms | partitions | ops outside | memory plan MB | gates |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['precision']} | {r['what']} | - | - | - | - | - | - | - | - | - | - | - | not built: {r['error']} |")
+            lines.append(f"| {r['precision']} | {r['what']} | - | - | - | - | - | - | - | - | - | - | - | - | not built: {r['error']} |")
             continue
         ratio = f"{r['bytes'] / fp32:.2f}" if fp32 else "-"
         own = "-" if r["own_snr_db"] is None else f"{r['own_snr_db']:.1f}"
         native = "-" if r.get("native_snr_db") is None else f"{r['native_snr_db']:.1f}"
         lines.append(f"| {r['precision']} | {r['what']} | {r.get('arithmetic', '-')} | {r['bytes'] / 1e6:.1f} | {ratio} | "
                      f"{own} | {r['quality_snr_db']:.1f} | {native} | {r['stream_snr_db']:.1f} | {r['rtf']:.3f} | {r['first_audio_ms']:.1f} | "
-                     f"{r['partitions']} | {r['outside_ops']} | {'pass' if r['passed'] else 'FAIL'} |")
+                     f"{r['partitions']} | {r['outside_ops']} | {_fmt_mb(r.get('plan_bytes'))} | {'pass' if r['passed'] else 'FAIL'} |")
     base = next((r for r in rows if r["precision"] == "fp32" and "bytes" in r), None)
     halves = [r for r in rows if "error" not in r and r.get("native_snr_db") is not None]
     if base and halves:

@@ -52,6 +52,7 @@ def test_call_latency(benchmark, programs, flow_name, variant, chunk, decoder, b
         bench_extra["programs"].append({"flow": flow_name, "variant": variant, "chunk": f"1..{r.spec.max_chunk}",
                                         "method": r.spec.method,
                                         "bytes": r.bytes, "nodes": r.nodes, "delegation": r.delegation,
+                                        "plan_bytes": r.plan_bytes,
                                         **{f"{k}_s": v for k, v in r.seconds.items()}})
 
 
