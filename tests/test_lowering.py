@@ -609,3 +609,99 @@ def test_state_updates_run_inside_the_delegate(monkeypatch, patch, share, outsid
     assert (plan <= io + 4 * 25 * 4) == small, (plan, io)  # room for the [T, 1] zeros (a concatenated chunk: 4 * 472)
     if small:
         assert d["between_ops"] == 0, d
+
+
+# ---------------------------------------------------------------- float casts inside the delegate
+class _Mixed(torch.nn.Module):
+    """A float16 conv between two float32 ones, cast at both edges (a mixed-precision program's
+    island), on a dynamic chunk (frames 7..30)."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.a, self.b, self.c = torch.nn.Conv1d(4, 8, 3), torch.nn.Conv1d(8, 8, 3).half(), torch.nn.Conv1d(8, 4, 3)
+        for conv in (self.a, self.b, self.c):  # seeded: each case builds its own
+            conv.weight.data = torch.randn(conv.weight.shape, generator=g).to(conv.weight.dtype)
+            conv.bias.data = torch.randn(conv.bias.shape, generator=g).to(conv.bias.dtype)
+
+    def forward(self, x):
+        h = torch.relu(self.b(torch.relu(self.a(x)).to(torch.float16)))
+        return self.c(h.to(torch.float32))
+
+
+def _naive_casts(monkeypatch):
+    """The deliberate bug: ExecuTorch's own config taking the dtype casts as they are (no
+    c2w::float_cast): its preprocess then drops them as redundant memory-format copies."""
+    from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import ToDimOrderCopyConfig
+
+    from c2w_export.program.partition import capped_xnnpack_partitioner
+
+    class AnyCast(ToDimOrderCopyConfig):
+        def check_constraints(self, node, ep):
+            return self.check_common_constraints(node, ep)
+
+    configs = [AnyCast if c is ToDimOrderCopyConfig else c for c in ALL_PARTITIONER_CONFIGS]
+    monkeypatch.setitem(lowering.PARTITIONERS, "xnnpack", lambda: [capped_xnnpack_partitioner(share=1.0, configs=configs)])
+    monkeypatch.setattr(lowering, "to_float_casts", lowering.fold_constants)
+
+
+def _casts_refused(monkeypatch):
+    """The casts written as c2w::float_cast, but a partitioner that does not take them."""
+    from c2w_export.program.partition import capped_xnnpack_partitioner
+
+    monkeypatch.setitem(lowering.PARTITIONERS, "xnnpack", lambda: [capped_xnnpack_partitioner(share=1.0)])
+
+
+def _casts_outside(monkeypatch):
+    """The reference: the casts as ExecuTorch lowers them, on portable kernels outside the delegate."""
+    _casts_refused(monkeypatch)
+    monkeypatch.setattr(lowering, "to_float_casts", lowering.fold_constants)
+
+
+CASTS = [  # (id, a patch, casts outside the delegate, the outputs equal the reference's)
+    ("as-shipped", None, 0, True),
+    ("cast-refused-by-the-partitioner", _casts_refused, 2, True),
+    ("executorchs-config-taking-dtype-casts", _naive_casts, 0, False),
+]
+
+
+def _run_mixed(monkeypatch, patch, inputs):
+    """_Mixed lowered (weight cap off) with `patch` applied -> (delegation, outputs per input)."""
+    from executorch.runtime import Runtime
+
+    from c2w_export.program.partition import capped_xnnpack_partitioner
+
+    from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
+
+    with monkeypatch.context() as m:
+        m.setitem(lowering.PARTITIONERS, "xnnpack", lambda: [capped_xnnpack_partitioner(
+            share=1.0, configs=[*ALL_PARTITIONER_CONFIGS, *lowering.register_casts()])])
+        if patch:
+            patch(m)
+        ep = torch.export.export(_Mixed().eval(), (inputs[-1],),
+                                 dynamic_shapes=({2: torch.export.Dim.DYNAMIC(min=7, max=30)},))
+        programs = {"f": ep}
+        edge = lowering.lower_together(programs, "xnnpack")
+        d = delegation(edge.exported_program("f").graph)
+        buffer = lowering.to_executorch(edge, programs).buffer
+    program = Runtime.get().load_program(buffer)  # the runtime reads `buffer`: it stays referenced
+    method = program.load_method("f")
+    return d, [method.execute([x])[0] for x in inputs]
+
+
+@pytest.mark.parametrize("patch,outside,equal", cases(CASTS))
+def test_float_casts_run_inside_the_delegate(monkeypatch, patch, outside, equal):
+    """A float16 island between float32 convs, lowered: as shipped, its two casts run inside the one
+    delegate call (c2w::float_cast as XNNConvert) and every output is bit for bit what the program
+    with the casts on portable kernels gives (chunks 7, 17, 30). A cast the partitioner refuses goes
+    back to the portable kernel, and the program still runs. ExecuTorch's own config taking the
+    casts as they are gives wrong audio: its preprocess drops them as memory-format copies."""
+    g = torch.Generator().manual_seed(1)
+    inputs = [torch.randn(1, 4, t, generator=g) for t in (7, 17, 30)]
+    _, want = _run_mixed(monkeypatch, _casts_outside, inputs)
+    d, got = _run_mixed(monkeypatch, patch, inputs)
+    assert d["outside"].get("_to_dim_order_copy", 0) == outside, d
+    if patch is None:
+        assert d["partitions"] == 1 and d["between_ops"] == 0, d
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) == equal

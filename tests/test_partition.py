@@ -145,8 +145,9 @@ def _chain(*steps):
     return ops
 
 
-GROUPS = [  # (id, steps, groups): a run may start only where plain float32 crosses
+GROUPS = [  # (id, steps, groups): a run may start only where plain float (32 or 16) crosses
     ("float-chain-cuts-anywhere", [(torch.relu, torch.float32)] * 3, [0, 1, 2]),
+    ("float16-chain-cuts-anywhere", [(torch.relu, torch.float16)] * 3, [0, 1, 2]),
     ("never-through-q-dq", [(torch.relu, torch.float32), (quantize_per_tensor, torch.int8),
                             (dequantize_per_tensor, torch.float32), (torch.relu, torch.float32),
                             (torch.relu, torch.float32)], [0, 0, 0, 0, 1]),
@@ -163,10 +164,10 @@ def test_runs_start_only_where_plain_float_crosses(steps, groups):
 
 
 def test_groups_check_catches_a_rule_that_lets_every_value_cross(monkeypatch):
-    """With every value taken as plain float32, a run could start inside the q/dq pattern, and the
+    """With every value taken as plain float, a run could start inside the q/dq pattern, and the
     case above fails."""
     from c2w_export.program import partition
 
     monkeypatch.setattr(partition, "_plain_float", lambda n: True)
-    steps, groups = GROUPS[1][1:]
+    steps, groups = next(c[1:] for c in GROUPS if c[0] == "never-through-q-dq")
     assert partition.groups_between_cuts(_chain(*steps)) != groups

@@ -37,6 +37,7 @@ from typing import Callable, Mapping
 import torch
 
 from ..fileio import atomic_write
+from .casts import back_to_copies, register as register_casts, to_float_casts  # also registers c2w::float_cast
 
 CACHE_ENV = "C2W_LOWER_CACHE"  # a directory shared by the processes of one test session
 LOG_ENV = "C2W_LOWER_LOG"  # a file: one JSON line per method lowered or read from the cache
@@ -45,9 +46,12 @@ _NAME = "method"  # the name a lone method is lowered under (a method's name doe
 
 
 def _xnnpack_partitioners() -> list:
+    from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
+
     from .partition import capped_xnnpack_partitioner
 
-    return [capped_xnnpack_partitioner()]  # no partition over half the weights: a lower load peak
+    # no partition over half the weights (a lower load peak); float casts delegated (program/casts.py)
+    return [capped_xnnpack_partitioner(configs=[*ALL_PARTITIONER_CONFIGS, *register_casts()])]
 
 
 # partitioner name -> the partitioners to lower with; "portable" delegates nothing (portable kernels)
@@ -127,7 +131,7 @@ def worker_pool(n: int) -> concurrent.futures.ProcessPoolExecutor:
                                                   initializer=_die_with_parent)
 
 
-LOWERING_CODE = ("lowering.py", "partition.py")  # this package's code that runs inside a lowering
+LOWERING_CODE = ("lowering.py", "partition.py", "casts.py")  # this package's code that runs inside a lowering
 
 
 @functools.lru_cache(maxsize=None)
@@ -171,7 +175,8 @@ def lower_together(programs: Mapping[str, object], partitioner: str):
     lower this way."""
     from executorch.exir import EdgeCompileConfig, to_edge, to_edge_transform_and_lower
 
-    partitioners, passes = PARTITIONERS[partitioner](), [fold_constants()]
+    partitioners = PARTITIONERS[partitioner]()
+    passes = [fold_constants(), to_float_casts()] if partitioners else [fold_constants()]
     # Without the EXIR verifier after every step: it only checks (the .pte is the same, byte for byte:
     # measured on the tiny fp32 stateful, fp16 windowed and portable windowed programs) and took 8-27% of
     # a tiny XNNPACK lowering (AMD EPYC, 2026-12-07). Every program is still run against eager.
@@ -180,6 +185,8 @@ def lower_together(programs: Mapping[str, object], partitioner: str):
         edge = (to_edge_transform_and_lower(dict(programs), transform_passes=passes, partitioner=partitioners,
                                             compile_config=config)
                 if partitioners else to_edge(dict(programs), compile_config=config).transform(passes))
+        if partitioners:
+            edge = edge.transform([back_to_copies()])  # a float cast left outside: the portable kernel's again
     check_dynamic(programs, edge, "lowering")
     return edge
 

@@ -8,7 +8,7 @@ A partition holding more than `MAX_PARTITION_SHARE` of its method's delegated we
 into ceil(its share / MAX_PARTITION_SHARE) consecutive runs of ops, in graph order, with the
 heaviest run as light as the ops allow (one op's weight is never split, so a run can stay a little
 over the share: 0.53 on tiny). Ops in graph order are topologically sorted, so no run depends on a
-later one and the cut makes no cycle. A run starts only where plain float32 values cross
+later one and the cut makes no cycle. A run starts only where plain float values cross
 (`groups_between_cuts`): never through a quantized op's q/dq pattern. Measured at real size
 (stateful chunk 25, AMD EPYC, probe before this module): load peak 1.68 -> 1.39x the file, running peak 1.33x either way, chunk-1 and
 chunk-25 calls equal within noise, 3 partitions instead of 2.
@@ -65,15 +65,16 @@ def _quant(n: torch.fx.Node) -> bool:
 
 
 def _plain_float(n: torch.fx.Node) -> bool:
-    """A value a run may hand to the next: float32, from no quantize/dequantize, into none."""
+    """A value a run may hand to the next: float32 or float16 (a mixed-precision program, its casts
+    delegated: program/casts.py), from no quantize/dequantize, into none."""
     val = n.meta.get("val")
-    return (isinstance(val, torch.Tensor) and val.dtype == torch.float32 and not _quant(n)
+    return (isinstance(val, torch.Tensor) and val.dtype in (torch.float32, torch.float16) and not _quant(n)
             and not any(_quant(u) for u in n.users))
 
 
 def groups_between_cuts(ops: Sequence[torch.fx.Node]) -> list[int]:
     """Group index of each op (in graph order): a new group, where a run may start, begins only where
-    every value crossing from earlier ops to later ones is plain float32 (`_plain_float`). A cut
+    every value crossing from earlier ops to later ones is plain float (`_plain_float`). A cut
     through a quantized op's q/dq pattern, or an int8 value between delegates, makes a program
     XNNPACK cannot load (measured: the real-size int8 program failed to load, 0x1). [n] -> [n]."""
     index = {n: i for i, n in enumerate(ops)}
