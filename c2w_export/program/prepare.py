@@ -149,16 +149,25 @@ def tail_by_frames(frames: LastFrames | None, x: Tensor, n: int) -> Tensor:
     return frames(x.view(c, -1, n // frames.m)).contiguous().view(1, c, n)
 
 
-class FoldedCausalConv1d(CausalConv1d):
+class TailByFrames:
+    """A folded conv leaf's new history taken by its `frames` (sample_frames of its pad and rate)."""
+
+    frames: LastFrames | None
+
+    def fold_tail(self) -> None:
+        self.frames = sample_frames(self.pad, self.rate) if self.pad else None
+
+    def tail(self, x: Tensor, n: int) -> Tensor:
+        return tail_by_frames(self.frames, x, n)
+
+
+class FoldedCausalConv1d(TailByFrames, CausalConv1d):
     """CausalConv1d whose new history is taken by LastFrames (tail_by_frames)."""
 
     def __init__(self, module: CausalConv1d):
         nn.Module.__init__(self)
         self.conv, self.pad, self.state_name, self.rate = module.conv, module.pad, module.state_name, module.rate
-        self.frames = sample_frames(self.pad, self.rate) if self.pad else None
-
-    def tail(self, x: Tensor, n: int) -> Tensor:
-        return tail_by_frames(self.frames, x, n)
+        self.fold_tail()
 
 
 def causal_conv_transpose1d_by_phases(x: Tensor, history: Tensor | None, phases: Tensor, bias: Tensor | None,
@@ -174,7 +183,7 @@ def causal_conv_transpose1d_by_phases(x: Tensor, history: Tensor | None, phases:
     return (y + bias if bias is not None else y), new
 
 
-class FoldedConvTranspose1d(CausalConvTranspose1d):
+class FoldedConvTranspose1d(TailByFrames, CausalConvTranspose1d):
     """CausalConvTranspose1d computed by causal_conv_transpose1d_by_phases, its bias a [1, Cout, 1]
     buffer, its new history taken by LastFrames. The transposed conv's weight is dropped; `conv`
     stays for its shape (state_shapes, the decoder's reach)."""
@@ -183,7 +192,7 @@ class FoldedConvTranspose1d(CausalConvTranspose1d):
         nn.Module.__init__(self)
         self.conv, self.overlap, self.pad, self.state_name = module.conv, module.overlap, module.pad, module.state_name
         self.rate = module.rate
-        self.frames = sample_frames(self.pad, self.rate) if self.pad else None
+        self.fold_tail()
         bias = module.conv.bias
         self.register_buffer("bias3", None if bias is None else bias.detach()[None, :, None])
         self.phases = nn.Parameter(phase_weight(module.conv.weight.detach(), module.conv.stride[0]))
@@ -191,9 +200,6 @@ class FoldedConvTranspose1d(CausalConvTranspose1d):
 
     def _conv(self, x: Tensor, history: Tensor | None) -> tuple[Tensor, Tensor]:
         return causal_conv_transpose1d_by_phases(x, history, self.phases, self.bias3, self.conv.stride[0], self.tail)
-
-    def tail(self, x: Tensor, n: int) -> Tensor:
-        return tail_by_frames(self.frames, x, n)
 
 
 def rotate_half_matrix(dim: int) -> Tensor:
