@@ -372,6 +372,19 @@ class ProgramCache:
         return check_method(self.runner(flow_name, variant, precision).run, ref, variant, inputs, r.module.initial_state())
 
 
+# ---------------------------------------------------------------- deliberate changes of prepare
+def slice_tails(monkeypatch) -> None:
+    """prepare's folded leaves with their state updates as plain slices again (the model's own,
+    before LastFrames): the reference a state-update test compares with."""
+    from c2w_export.model.decoder import Attention
+    from c2w_export.model.layers import StatefulLeaf
+    from c2w_export.program import prepare as pp
+
+    for cls in (pp.FoldedCausalConv1d, pp.FoldedConvTranspose1d):
+        monkeypatch.setattr(cls, "tail", StatefulLeaf.tail)
+    monkeypatch.setattr(pp.FoldedAttention, "keep_cache", Attention.keep_cache)
+
+
 # ---------------------------------------------------------------- Hypothesis strategies
 from c2w_export.conformance.strategies import code_windows, patterns, seeds  # noqa: E402,F401  (re-exported)
 

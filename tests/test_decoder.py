@@ -7,7 +7,7 @@ from hypothesis import given, strategies as st
 from c2w_export.model.validate import InputError
 from c2w_export.program.compare import compare
 from c2w_export.program.tolerances import tolerance
-from helpers import cases, codes as random_codes
+from helpers import cases, codes as random_codes, slice_tails
 
 
 def test_output_shape_and_dtype(decoder):
@@ -260,17 +260,6 @@ def test_last_frames_check_catches_frames_in_the_wrong_order():
     assert not torch.equal(frames(z), z[:, -3:])
 
 
-def _slice_tails(monkeypatch):
-    """prepare's folded leaves with their state updates as plain slices again (the model's own)."""
-    from c2w_export.model.decoder import Attention
-    from c2w_export.model.layers import StatefulLeaf
-    from c2w_export.program import prepare as pp
-
-    for cls in (pp.FoldedCausalConv1d, pp.FoldedConvTranspose1d):
-        monkeypatch.setattr(cls, "tail", StatefulLeaf.tail)
-    monkeypatch.setattr(pp.FoldedAttention, "keep_cache", Attention.keep_cache)
-
-
 def _rolled_selection(monkeypatch):
     """The deliberate bug: every LastFrames built with its identity block rolled by one frame."""
     from c2w_export.program import prepare as pp
@@ -306,7 +295,7 @@ def test_prepared_state_updates_are_the_slices_bit_for_bit(decoder, monkeypatch,
     for sliced in (False, True):
         with monkeypatch.context() as p:
             if sliced:
-                _slice_tails(p)
+                slice_tails(p)
             state, outs, at = list(m.initial_state()), [], 0
             for c in (1, 4, 2, 3, 4):
                 out = m(codes[..., at:at + c], *state)

@@ -17,7 +17,7 @@ from c2w_export.program import lowering
 from c2w_export.program.flows import delegation, op_name
 from c2w_export.program.prepare import prepare
 from c2w_export.program.variants import example_inputs, export_variant, make_variant
-from helpers import cases
+from helpers import cases, slice_tails
 
 
 def _export(decoder, variant, max_chunk, seed=0):
@@ -496,7 +496,8 @@ def test_a_range_of_one_and_two_frames_stays_dynamic(monkeypatch, kept):
 
 def test_check_dynamic_names_a_pinned_axis():
     """check_dynamic on a lowering whose program lost its symbolic axis (what lowering did to the
-    decoder's chunks 1..2): a ValueError naming the method, the input and the size."""
+    decoder's chunks 1..2): a ValueError naming the method, the input and the size, also when the
+    lowering wrote the size back into the program it was given."""
     from torch.export import Dim
 
     class Double(torch.nn.Module):
@@ -516,6 +517,15 @@ def test_check_dynamic_names_a_pinned_axis():
     lowering.check_dynamic({"f": dynamic}, Manager(dynamic), "lowering")  # the axis kept: nothing to say
     with pytest.raises(ValueError, match=r"^lowering pinned the dynamic axes of f's inputs \(x\[2\] = 3\): a guard"):
         lowering.check_dynamic({"f": dynamic}, Manager(static), "lowering")
+
+    # A retrace that pins an axis writes the size into the program it was given too (int8-dynamic's
+    # windowed method did, at 76 frames): the check compares with the axes as first seen, not as left.
+    pinned = torch.export.export(Double(), (torch.randn(1, 4, 3),), dynamic_shapes=({2: Dim("t", min=2, max=5)},))
+    lowering.remember_axes({"f": pinned})
+    x = next(n for n in pinned.graph.nodes if n.op == "placeholder")
+    x.meta["val"] = torch.empty(1, 4, 3)
+    with pytest.raises(ValueError, match=r"\(x\[2\] = 3\)"):
+        lowering.check_dynamic({"f": pinned}, Manager(static), "lowering")
 
 
 @given(max_chunk=st.integers(1, 25))
@@ -564,16 +574,9 @@ class _TwoHistories(torch.nn.Module):
         return y, na["a.history"], nb["b.history"]
 
 
-def _sliced(monkeypatch):
-    from c2w_export.model.layers import StatefulLeaf
-    from c2w_export.program import prepare as pp
-
-    monkeypatch.setattr(pp.FoldedCausalConv1d, "tail", StatefulLeaf.tail)
-
-
 STATE_UPDATES = [  # (id, a patch, share_factories run, the ops outside the delegate, the plan holds I/O only)
     ("as-shipped", None, True, {"full": 1}, True),
-    ("slices", _sliced, True, {"slice_copy": 2}, False),
+    ("slices", slice_tails, True, {"slice_copy": 2}, False),
     ("without-share-factories", None, False, {"full": 2}, True),
 ]
 
@@ -704,4 +707,80 @@ def test_float_casts_run_inside_the_delegate(monkeypatch, patch, outside, equal)
     assert d["outside"].get("_to_dim_order_copy", 0) == outside, d
     if patch is None:
         assert d["partitions"] == 1 and d["between_ops"] == 0, d
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) == equal
+
+
+class _Half(torch.nn.Module):
+    """A float16 conv, depthwise conv and pointwise conv between float32 I/O, on a dynamic chunk
+    (frames 12..40): the kinds of conv a float16 decoder program holds."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.convs = torch.nn.Sequential(torch.nn.Conv1d(8, 16, 5), torch.nn.Conv1d(16, 16, 7, groups=16),
+                                         torch.nn.Conv1d(16, 4, 1)).half()
+        for p in self.convs.parameters():
+            p.data = torch.randn(p.shape, generator=g).half()
+
+    def forward(self, x):
+        return self.convs(x.half()).float()
+
+
+def _stock_conv_weights(monkeypatch):
+    """ExecuTorch's own conv visitor: every conv filter and bias written as float32."""
+    from executorch.backends.xnnpack.operators import node_visitor
+
+    from c2w_export.program import fp16_weights
+
+    monkeypatch.setitem(node_visitor._node_visitor_dict, fp16_weights.CONV, fp16_weights.stock())
+    monkeypatch.setattr(lowering, "register_fp16_weights", lambda: None)
+
+
+def _weights_through_bfloat16(monkeypatch):
+    """The deliberate bug: float16 weights kept 16-bit, but rounded through bfloat16 on the way."""
+    from executorch.backends.xnnpack.operators import node_visitor
+
+    param = node_visitor.get_param_tensor
+    monkeypatch.setattr(node_visitor, "get_param_tensor", lambda ep, node: (
+        lambda t: t.to(torch.bfloat16).to(torch.float16) if t is not None and t.dtype == torch.float16 else t)(param(ep, node)))
+
+
+def _run_half(monkeypatch, patch, inputs):
+    """_Half lowered (weight cap off) with `patch` applied -> (.pte bytes, outputs per input)."""
+    from executorch.runtime import Runtime
+
+    from c2w_export.program.partition import capped_xnnpack_partitioner
+
+    with monkeypatch.context() as m:
+        m.setitem(lowering.PARTITIONERS, "xnnpack", lambda: (lowering.register_fp16_weights(), [
+            capped_xnnpack_partitioner(share=1.0)])[1])
+        if patch:
+            patch(m)
+        ep = torch.export.export(_Half().eval(), (inputs[-1],), dynamic_shapes=({2: torch.export.Dim.DYNAMIC(min=12, max=40)},))
+        buffer = lowering.to_executorch(lowering.lower_together({"f": ep}, "xnnpack"), {"f": ep}).buffer
+    program = Runtime.get().load_program(buffer)  # the runtime reads `buffer`: it stays referenced
+    method = program.load_method("f")
+    return len(buffer), [method.execute([x])[0] for x in inputs]
+
+
+HALF_WEIGHTS = [  # (id, a patch, the float16 weights' bytes saved against ExecuTorch's float32, outputs equal its)
+    ("as-shipped", None, True, True),
+    ("executorchs-float32-filters", _stock_conv_weights, False, True),
+    ("weights-rounded-through-bfloat16", _weights_through_bfloat16, True, False),
+]
+
+
+@pytest.mark.parametrize("patch,saved,equal", cases(HALF_WEIGHTS))
+def test_float16_conv_weights_are_stored_as_float16(monkeypatch, patch, saved, equal):
+    """Float16 convs (a conv, a depthwise conv, a pointwise conv) lowered: as shipped, their
+    filters and biases take 2 bytes a value in the .pte, not ExecuTorch's 4 (fp16_weights), and
+    every output is bit for bit what ExecuTorch's float32-stored weights give (chunks 12, 25, 40):
+    XNNPACK packs the same float16 values. A serializer that changes a weight on the way fails."""
+    g = torch.Generator().manual_seed(2)
+    inputs = [torch.randn(1, 8, t, generator=g) for t in (12, 25, 40)]
+    stock_bytes, want = _run_half(monkeypatch, _stock_conv_weights, inputs)
+    size, got = _run_half(monkeypatch, patch, inputs)
+    values = sum(p.numel() for p in _Half().parameters())
+    # 2 bytes a value saved, less the 16-byte alignment of each of the 6 tensors
+    assert (stock_bytes - size >= 2 * values - 6 * 16) == saved and size <= stock_bytes, (stock_bytes, size, values)
     assert all(torch.equal(a, b) for a, b in zip(got, want)) == equal

@@ -323,15 +323,10 @@ class Code2Wav(nn.Module):
     def _stack_reaches(self) -> list[Fraction]:
         """Per layer of `_stack()`: the code frames of history its output reaches back through the
         layer's causal convs' histories and transposed convs' overlaps, each at its own rate (exact)."""
-        out = []
-        for layer, rate in zip(self._stack(), self._stack_rates()):  # rate: samples per code frame here
-            reach = Fraction(0)
-            for m in layer.modules():
-                if isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
-                    reach += Fraction(m.pad, rate)  # input frames its history reaches back
-                if isinstance(m, CausalConvTranspose1d):
-                    rate *= m.conv.stride[0]
-            out.append(reach)
+        out = [Fraction(0)] * len(self._stack())
+        for i, m, rate in self._stack_walk():
+            if isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
+                out[i] += Fraction(m.pad, rate)  # input frames its history reaches back
         return out
 
     def receptive_frames(self) -> int:
@@ -365,24 +360,26 @@ class Code2Wav(nn.Module):
         """{state_name: samples per code frame of its input} for every StatefulLeaf: 1 before the conv
         stack (the pre-conv, the attention's frames), then each transposed conv's stride on."""
         rates = {m.state_name: 1 for m in [self.pre_conv, *self.pre_transformer.modules()] if isinstance(m, StatefulLeaf)}
-        for layer, rate in zip(self._stack(), self._stack_rates()):
-            for m in layer.modules():  # in data order: a transposed conv's own input is at the rate before it
-                if isinstance(m, StatefulLeaf):
-                    rates[m.state_name] = rate
-                if isinstance(m, CausalConvTranspose1d):
-                    rate *= m.conv.stride[0]
+        rates.update((m.state_name, rate) for _, m, rate in self._stack_walk() if isinstance(m, StatefulLeaf))
         return rates
 
     # -------------------------------------------------------- compute
     def _stack_rates(self) -> list[int]:
         """Per layer of `_stack()`: samples per code frame of its input."""
-        rate, out = 1, []
-        for layer in self._stack():
-            out.append(rate)
+        first: dict[int, int] = {}
+        for i, _, rate in self._stack_walk():
+            first.setdefault(i, rate)  # the layer itself comes first
+        return list(first.values())
+
+    def _stack_walk(self):
+        """(index in `_stack()`, module, samples per code frame of its input) for every module of the
+        conv stack's layers, in data order: a transposed conv's own input is at the rate before it."""
+        rate = 1
+        for i, layer in enumerate(self._stack()):
             for m in layer.modules():
+                yield i, m, rate
                 if isinstance(m, CausalConvTranspose1d):
                     rate *= m.conv.stride[0]
-        return out
 
     def step(self, codes: Tensor, state: State, first: Tensor | None = None,
              context: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:

@@ -32,12 +32,14 @@ import multiprocessing
 import os
 import pickle
 import time
+import weakref
 from typing import Callable, Mapping
 
 import torch
 
 from ..fileio import atomic_write
 from .casts import back_to_copies, register as register_casts, to_float_casts  # also registers c2w::float_cast
+from .fp16_weights import register as register_fp16_weights
 
 CACHE_ENV = "C2W_LOWER_CACHE"  # a directory shared by the processes of one test session
 LOG_ENV = "C2W_LOWER_LOG"  # a file: one JSON line per method lowered or read from the cache
@@ -50,7 +52,9 @@ def _xnnpack_partitioners() -> list:
 
     from .partition import capped_xnnpack_partitioner
 
-    # no partition over half the weights (a lower load peak); float casts delegated (program/casts.py)
+    # no partition over half the weights (a lower load peak); float casts delegated (program/casts.py);
+    # float16 conv weights stored as float16 (program/fp16_weights.py)
+    register_fp16_weights()
     return [capped_xnnpack_partitioner(configs=[*ALL_PARTITIONER_CONFIGS, *register_casts()])]
 
 
@@ -131,7 +135,7 @@ def worker_pool(n: int) -> concurrent.futures.ProcessPoolExecutor:
                                                   initializer=_die_with_parent)
 
 
-LOWERING_CODE = ("lowering.py", "partition.py", "casts.py")  # this package's code that runs inside a lowering
+LOWERING_CODE = ("lowering.py", "partition.py", "casts.py", "fp16_weights.py")  # this package's code that runs inside a lowering
 
 
 @functools.lru_cache(maxsize=None)
@@ -181,6 +185,7 @@ def lower_together(programs: Mapping[str, object], partitioner: str):
     # measured on the tiny fp32 stateful, fp16 windowed and portable windowed programs) and took 8-27% of
     # a tiny XNNPACK lowering (AMD EPYC, 2026-12-07). Every program is still run against eager.
     config = EdgeCompileConfig(_check_ir_validity=False)
+    remember_axes(programs)
     with one_frame_kept(programs):
         edge = (to_edge_transform_and_lower(dict(programs), transform_passes=passes, partitioner=partitioners,
                                             compile_config=config)
@@ -194,17 +199,39 @@ def lower_together(programs: Mapping[str, object], partitioner: str):
 def to_executorch(edge, programs: Mapping[str, object]):
     """`edge` (lower_methods' result for `programs`) -> its ExecutorchProgramManager (`.buffer`: the
     .pte bytes): its memory is planned in one more retrace, kept symbolic as lowering is (one_frame_kept)."""
+    remember_axes(programs)
     with one_frame_kept(programs):
         manager = edge.to_executorch()
     check_dynamic(programs, manager, "memory planning")
     return manager
 
 
+# ExportedProgram -> its user inputs' symbolic axes [(input, axis)], as first seen by this module: a retrace
+# that pins an axis writes the size into the program it was given too (the nodes' "val"), so check_dynamic
+# compares with what the program was before any lowering
+_AXES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _input_shapes(ep) -> list[tuple[str, tuple]]:
+    names = set(ep.graph_signature.user_inputs)
+    return [(n.name, tuple(n.meta["val"].shape)) for n in ep.graph.nodes if n.op == "placeholder" and n.name in names]
+
+
+def remember_axes(programs: Mapping[str, object]) -> None:
+    """Record each program's symbolic input axes, once (before its first lowering)."""
+    for ep in programs.values():
+        if ep not in _AXES:
+            _AXES[ep] = [(name, axis) for name, shape in _input_shapes(ep) for axis, d in enumerate(shape)
+                         if isinstance(d, torch.SymInt)]
+
+
 def check_dynamic(programs: Mapping[str, object], manager, stage: str) -> None:
-    """ValueError naming each input axis that is dynamic in `programs` (ExportedPrograms) and was
-    pinned to one size in `manager`'s methods (an ExecuTorch edge or executorch program manager)."""
+    """ValueError naming each input axis that was dynamic in `programs` (ExportedPrograms, as
+    remember_axes first saw them) and is one size in `manager`'s methods (an ExecuTorch edge or
+    executorch program manager)."""
+    remember_axes(programs)
     for method, ep in programs.items():
-        pinned = _pinned_dims(ep, manager.exported_program(method))
+        pinned = _pinned_dims(_AXES[ep], manager.exported_program(method))
         if pinned:
             raise ValueError(f"{stage} pinned the dynamic axes of {method}'s inputs ({', '.join(pinned)}): a guard in one of "
                              f"ExecuTorch's retraces narrowed the range to one size, so the program would refuse every other size")
@@ -212,8 +239,7 @@ def check_dynamic(programs: Mapping[str, object], manager, stage: str) -> None:
 
 @contextlib.contextmanager
 def one_frame_kept(programs: Mapping[str, object]):
-    """While lowering programs whose dynamic range includes a size of 1 (the stateful methods' chunk
-    axis), keep that axis symbolic through ExecuTorch's retraces.
+    """While lowering programs with a dynamic axis, keep it symbolic through ExecuTorch's retraces.
 
     Each retrace runs the fake kernels again with the range's hint. The fake conv asks whether its
     [1, C, 1, t] input is channels-last (torch/_subclasses/fake_impls.py, conv:
@@ -225,9 +251,12 @@ def one_frame_kept(programs: Mapping[str, object]):
     stays symbolic). Here the retraces are size-oblivious (as export is: variants.export_variant),
     and the conv's memory format for a symbolic input is contiguous, which is what the CPU conv
     gives the contiguous tensors the decoder passes. The .pte of chunks 1..4 and 1..25 is the same,
-    byte for byte, with and without this (measured, tiny fp32 stateful, 2026-12-07).
+    byte for byte, with and without this (measured, tiny fp32 stateful, 2026-12-07). A windowed
+    range (73..76 frames) met the same conv guard once its linears were dynamically quantized
+    (int8-dynamic): `t > 4 * 5120` pinned it to 76, the largest. The fp32 windowed .pte is the same
+    with and without this too (tiny, 2026-12-08).
     Upstream: pytorch/pytorch#182940 (fake-tensor execution on export metadata specializes shapes)."""
-    if not any(int(r.lower) <= 1 for ep in programs.values() for r in ep.range_constraints.values()):
+    if not any(ep.range_constraints for ep in programs.values()):
         yield
         return
     import torch.fx.experimental._config as fx_config
@@ -247,15 +276,11 @@ def one_frame_kept(programs: Mapping[str, object]):
         torch._C._conv_determine_backend_memory_format = backend_format
 
 
-def _pinned_dims(exported, lowered) -> list[str]:
-    """'input[axis] = size' for each user input axis that is symbolic in `exported` and a plain int
-    in `lowered` (same inputs, same order)."""
-    def shapes(ep):
-        names = set(ep.graph_signature.user_inputs)
-        return [(n.name, n.meta["val"].shape) for n in ep.graph.nodes if n.op == "placeholder" and n.name in names]
-
-    return [f"{name}[{axis}] = {after[axis]}" for (name, before), (_, after) in zip(shapes(exported), shapes(lowered))
-            for axis in range(len(before)) if isinstance(before[axis], torch.SymInt) and not isinstance(after[axis], torch.SymInt)]
+def _pinned_dims(axes: list[tuple[str, int]], lowered) -> list[str]:
+    """'input[axis] = size' for each of the symbolic `axes` [(input, axis)] that is a plain int in
+    `lowered`'s user inputs (the same inputs, by name)."""
+    after = dict(_input_shapes(lowered))
+    return [f"{name}[{axis}] = {after[name][axis]}" for name, axis in axes if not isinstance(after[name][axis], torch.SymInt)]
 
 
 def fold_constants():

@@ -3,9 +3,8 @@ in float32 alone, the rest in float16 computed as a phone computes it (the eager
 program/native_fp16.py), against the fp32 decoder; then the parts kept cumulatively, in the order of
 their gains. Written only when every row was measured.
 
-A part's `pte_bytes` is what keeping it in float32 adds to an XNNPACK program: its weights that an fp16
-program stores in float16 (linears, embedding tables, norms). Conv weights add nothing, since ExecuTorch's
-XNNPACK serializer stores them in float32 in an fp16 graph too.
+A part's `pte_bytes` is what keeping it in float32 adds to an XNNPACK program: 2 bytes for each of its
+weights, which an fp16 program stores in float16 (conv weights too: program/fp16_weights.py).
 
 Usage: python -m c2w_export.report.sensitivity --model DIR --out reports/real/fp16-sensitivity.md [--frames 25]
 """
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
-from torch import nn
 
 from ..env import cpu_name, versions
 from ..fileio import atomic_write_bytes
@@ -53,17 +51,15 @@ PARTS: dict[str, tuple[str, ...]] = {
 
 
 def pte_bytes(prepared: Code2Wav, paths: Sequence[str]) -> int:
-    """Bytes that keeping `paths` in float32 adds to an XNNPACK fp16 program: 2 per weight outside a conv
-    (conv weights are float32 in the .pte either way). Shared tensors counted once."""
+    """Bytes that keeping `paths` in float32 adds to an XNNPACK fp16 program: 2 per floating-point weight
+    and buffer (a folded transposed conv's phases included). Shared tensors counted once."""
     seen: set[int] = set()
     total = 0
     modules = dict(prepared.named_modules())
     for path in paths:
         for m in modules[path].modules():
-            if isinstance(m, nn.Conv1d):  # prepare's convs (folded transposed convs' phases: below)
-                seen.update(id(t) for t in m.parameters(recurse=False))
-            for name, t in [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]:
-                if id(t) in seen or not t.is_floating_point() or name == "phases":
+            for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]:
+                if id(t) in seen or not t.is_floating_point():
                     continue
                 seen.add(id(t))
                 total += 2 * t.numel()
