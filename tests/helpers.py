@@ -22,7 +22,8 @@ from c2w_export.program.variants import initial_state  # noqa: F401 (re-exported
 ALL_FLOWS = tuple(FLOWS)  # every flow, in the registry's order (the --backends default)
 # reduced-precision programs under test: id -> (flow, precision); each id is an xdist group of its own
 PRECISION_FLOWS = {"xnnpack_fp16": ("executorch_xnnpack", "fp16"), "xnnpack_fp16_mixed": ("executorch_xnnpack", "fp16-mixed"),
-                   "xnnpack_int8": ("executorch_xnnpack", "int8-tail")}
+                   "xnnpack_int8": ("executorch_xnnpack", "int8-tail"),
+                   "xnnpack_int8_dynamic": ("executorch_xnnpack", "int8-dynamic")}
 
 
 # ---------------------------------------------------------------- data

@@ -43,7 +43,7 @@ from c2w_export.report.golden import check_wav, load_golden
 from helpers import ProgramCache, cases
 
 FLOW = "executorch_xnnpack"
-SHIPPED = ("fp32", "fp16", "fp16-mixed", "int8-tail")  # what `export --precision` ships for XNNPACK
+SHIPPED = ("fp32", "fp16", "fp16-mixed", "int8-tail", "int8-dynamic")  # what `export --precision` ships for XNNPACK
 PROGRAMS = [(p, v) for p in SHIPPED for v in VARIANTS]
 ARM_CASES = [(f"{cpu}-{p}-{v}", cpu, p, v) for cpu in CPUS for p, v in PROGRAMS]
 SEED = 41  # the drawn chunks and histories; printed with every failure

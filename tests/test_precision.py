@@ -144,11 +144,11 @@ def _scaled_in_buffer(buffer: bytes, weight: torch.Tensor, factor: float) -> byt
     """The .pte `buffer` with the bytes of `weight` (as the program holds it: its dtype, [out, in] or
     transposed) replaced by `weight * factor`'s. Exactly one occurrence, or an AssertionError: a
     patch that hit nothing would leave the test's program unperturbed."""
-    for w in (weight, weight.t()):
+    for w in (weight, weight.flatten(1).t()):
         old = w.detach().contiguous().view(torch.uint8).numpy().tobytes()
         if buffer.count(old) == 1:
             return buffer.replace(old, (w.detach() * factor).to(w.dtype).contiguous().view(torch.uint8).numpy().tobytes())
-    raise AssertionError(f"{WEIGHT} is not in the lowered program's bytes exactly once")
+    raise AssertionError(f"the weight {tuple(weight.shape)} is not in the lowered program's bytes exactly once")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,11 +157,12 @@ class PatchedLower(Lower):
     session lowered anyway (a lowering-cache hit, so no lowering of its own) with one weight scaled
     by `factor` where the .pte holds it (XNNPACK keeps a linear's weight as the program gave it)."""
     factor: float = 1.0
+    weight: str = WEIGHT
 
     def run(self, programs, work):
         buffer = super().run(programs, work)
         (ep,) = programs.values()
-        return _scaled_in_buffer(buffer, ep.state_dict[WEIGHT], self.factor)
+        return _scaled_in_buffer(buffer, ep.state_dict[self.weight], self.factor)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +182,9 @@ SIDE1 = [  # (id, flow, precision, the perturbing stage): a program that is not 
     ("torch_export-int8-1e-3", "torch_export", "int8-tail", PerturbedSerializePt2(factor=1 + PERTURBATION)),
     ("xnnpack_fp16-x2", "executorch_xnnpack", "fp16", PatchedLower("xnnpack", factor=2.0)),
     ("xnnpack_int8-x2", "executorch_xnnpack", "int8-tail", PatchedLower("xnnpack", factor=2.0)),
+    # int8-dynamic holds every linear's weight in int8: a float32 1x1 conv's instead (its bytes as the program gave them)
+    ("xnnpack_int8_dynamic-x2", "executorch_xnnpack", "int8-dynamic",
+     PatchedLower("xnnpack", factor=2.0, weight="decoder.quantizer.rvq_first.output_proj.weight")),
 ]
 
 
@@ -215,6 +219,7 @@ class BrokenHalf(Half):
 SIDE2 = [  # (id, precision, its stage replaced by): the program equals its own reference, which is bad
     ("fp16-as-bfloat16", "fp16", BrokenHalf()),
     ("int8-uncalibrated", "int8-tail", Quantize(("tail",), calibrate=False)),
+    ("int8-dynamic-quantized-statically", "int8-dynamic", Quantize(("linears",))),  # the dynamic flag lost, every linear
     # not a bug: every conv and linear in int8 is too coarse for these seeded weights (see the tolerance table)
     ("int8-everything-on-synthetic-weights", "int8", None),
 ]
@@ -262,7 +267,7 @@ def test_mixed_floor_refuses_a_mixed_program_that_lost_its_float32_parts(decoder
 
 
 PRECISION_ERRORS = [
-    ("unknown", "executorch_xnnpack", "int4", "unknown precision 'int4'; choose from ['fp16', 'fp16-mixed', 'fp32', 'int8', 'int8-convs', 'int8-linears', 'int8-tail']"),
+    ("unknown", "executorch_xnnpack", "int4", "unknown precision 'int4'; choose from ['fp16', 'fp16-mixed', 'fp32', 'int8', 'int8-convs', 'int8-dynamic', 'int8-linears', 'int8-tail']"),
     ("eager-is-the-reference", "eager", "fp16",
      "precision fp16 needs a flow with a 'prepare' stage; eager has ['load'] (the eager flow is the fp32 reference)"),
     ("cannot-load", "executorch_xnnpack", "int8-linears",
@@ -294,6 +299,7 @@ SHIPPED = [  # (id, precision, what XNNPACK's kernels are named when they run at
     ("xnnpack-fp16", "fp16", "F16"),
     ("xnnpack-fp16-mixed", "fp16-mixed", "F16"),
     ("xnnpack-int8-tail", "int8-tail", "QC8"),
+    ("xnnpack-int8-dynamic", "int8-dynamic", "QD"),  # QDU8 on x86, QD8 on ARM
 ]
 
 

@@ -90,6 +90,9 @@ QUANT_PARTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...] | None]] = {
     "linears": ("every linear (transformer projections and MLPs, ConvNeXt pointwise convs)", ("linear",), None),
     "tail": ("the last decoder block and the final conv", ("conv1d", "conv_transpose1d"),
              ("decoder.decoder.4.", "decoder.decoder.6.")),
+    "transformer-layers": ("the transformer layers' linears (attention projections and MLPs)", ("linear",),
+                           ("decoder.pre_transformer.layers.",)),
+    "convnext": ("the ConvNeXt blocks' pointwise linears", ("linear",), ("decoder.upsample.",)),
 }
 # prepare's modules that move values exactly (a +-1 permutation as a linear): never quantized
 EXACT_MODULES = ("Rotate", "ShiftTrim", "LastFrames")
@@ -109,9 +112,12 @@ class OwnModule:
         return tuple(out) if isinstance(out, (tuple, list)) else out
 
 
-def _quantizer(parts: tuple[str, ...]):
+def _quantizer(parts: tuple[str, ...], dynamic: bool = False):
     """XNNPACK's quantizer, annotating only the ops of `parts` (op types, never its global config:
-    that also annotates every cat, the int64 position cat included)."""
+    that also annotates every cat, the int64 position cat included). `dynamic`: activations quantized
+    per call (XNNPACK's qd8), weights per output channel, as static. XNNPACK's quantizer annotates a
+    dynamic conv only when it is a standard 2-D one (xnnpack_quantizer_utils.py: a 4-D weight, not
+    depthwise), so the decoder's Conv1d stay float32 under it."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
                                                                          get_symmetric_quantization_config)
 
@@ -121,7 +127,7 @@ def _quantizer(parts: tuple[str, ...]):
             # came back float32. No add or mul is annotated here, so nothing needs it.
             return model
 
-    config = get_symmetric_quantization_config(is_per_channel=True)
+    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic)
     prefixes = tuple(p for part in parts for p in (QUANT_PARTS[part][2] or ("",)))
 
     def in_parts(n) -> bool:
@@ -140,20 +146,27 @@ def _quantizer(parts: tuple[str, ...]):
 
 
 def quantize(graph: nn.Module, module: nn.Module, parts: tuple[str, ...], calls: int = CALIBRATION["calls"],
-             seed: int = CALIBRATION["seed"], calibrate: bool = True):
+             seed: int = CALIBRATION["seed"], calibrate: bool = True, dynamic: bool = False):
     """PT2E static int8 of `graph` (the exported graph of the prepared fp32 variant `module`):
     annotate `parts`, run `calls` seeded calls (stateful: one stream, state fed back), convert.
     -> the converted GraphModule (the own reference). `calibrate=False` skips the calls (a broken
-    quantization, which the gate must reject)."""
+    quantization, which the gate must reject). `dynamic`: qd8 (activations quantized per call; the
+    calls set the weights' observers only), each quantize chain of an input shared by several linears
+    duplicated so that each linear has its own (ExecuTorch's DuplicateDynamicQuantChainPass, which
+    its XNNPACK partitioner needs to take each)."""
+    from executorch.backends.transforms.duplicate_dynamic_quant_chain import DuplicateDynamicQuantChainPass
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     with torch.no_grad():
-        observed = prepare_pt2e(graph, _quantizer(parts))
+        observed = prepare_pt2e(graph, _quantizer(parts, dynamic))
         state = module.initial_state()
         for c in (parity_inputs(module, calls, seed) if calibrate else []):
             out = observed(*c, *state)
             state = tuple(out[1:]) if isinstance(out, (tuple, list)) else ()
-        return convert_pt2e(observed)
+        converted = convert_pt2e(observed)
+        if dynamic:
+            DuplicateDynamicQuantChainPass()(converted)
+        return converted
 
 
 @dataclass(frozen=True)
@@ -163,6 +176,7 @@ class Quantize(Stage):
 
     parts: tuple[str, ...] = ()
     calibrate: bool = True
+    dynamic: bool = False
     name: str = "quantize"
     compared: bool = True
     own_reference: bool = True
@@ -170,7 +184,8 @@ class Quantize(Stage):
     def run(self, programs, work: Work):
         out = {}
         for m, ep in programs.items():
-            converted = quantize(ep.module(check_guards=False), work.modules[m], self.parts, calibrate=self.calibrate)
+            converted = quantize(ep.module(check_guards=False), work.modules[m], self.parts, calibrate=self.calibrate,
+                                 dynamic=self.dynamic)
             out[m] = export_variant(converted, work.inputs[m], work.modules[m])
         return out
 
@@ -190,6 +205,7 @@ class Precision:
     after: str = ""  # the flow stage it follows
     what: str = ""  # what is reduced, for the manifest and reports
     parts: tuple[str, ...] = ()  # int8: QUANT_PARTS quantized
+    dynamic: bool = False  # int8: activations quantized per call (qd8), not calibrated
     half: bool = False  # computes in float16: its XNNPACK side 1 depends on the CPU's fp16 arithmetic, and its
     # quality is also judged with native fp16 arithmetic (native_fp16.py, pipeline.NATIVE)
     fp32: tuple[str, ...] = ()  # half: module paths of the prepared decoder kept float32 (to_half)
@@ -207,21 +223,24 @@ class Precision:
         fp32: their own, the same on every CPU)."""
         from ..env import fp16_arithmetic
 
-        return fp16_arithmetic() if self.half else ("int8 integer kernels" if self.parts else "float32")
+        if self.half:
+            return fp16_arithmetic()
+        return ("int8 dynamic (qd8) kernels" if self.dynamic else "int8 integer kernels") if self.parts else "float32"
 
 
 # fp16-mixed: the modules kept float32, chosen by measuring each part under native fp16 arithmetic
-# (report/sensitivity.py). The conv stack loses the most (long reductions into an fp16 accumulator), and
-# its weights are float32 in an XNNPACK .pte either way; what stays float16 holds the linears' bytes.
+# (report/sensitivity.py). The conv stack loses the most (long reductions into an fp16 accumulator), so it
+# stays float32, bytes and all; what stays float16 holds the transformer's and the codebooks' bytes.
 MIXED_FP32 = ("quantizer.rvq_first.output_proj", "quantizer.rvq_rest.output_proj", "pre_conv",
               "pre_transformer.input_proj", "pre_transformer.norm", "pre_transformer.output_proj",
               *(f"upsample.{i}.{m}" for i in (0, 1) for m in ("0", "1.dwconv", "1.norm", "1.pwconv1")), "decoder")
 
 
-def _int8(name: str, parts: tuple[str, ...]) -> Precision:
-    return Precision(name, name, lambda: Quantize(parts), "export",
-                     "static int8 (PT2E, XNNPACK): " + "; ".join(QUANT_PARTS[p][0] for p in parts)
-                     + "; the rest, the state and the I/O float32", parts)
+def _int8(name: str, parts: tuple[str, ...], dynamic: bool = False) -> Precision:
+    how = "dynamically quantized int8 (PT2E, XNNPACK qd8: activations per call)" if dynamic else "static int8 (PT2E, XNNPACK)"
+    return Precision(name, name, lambda: Quantize(parts, dynamic=dynamic), "export",
+                     f"{how}: " + "; ".join(QUANT_PARTS[p][0] for p in parts) + "; the rest, the state and the I/O float32",
+                     parts, dynamic=dynamic)
 
 
 PRECISIONS: dict[str, Precision] = {p.name: p for p in (
@@ -238,6 +257,9 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     _int8("int8-convs", ("convs",)),
     _int8("int8-linears", ("linears",)),
     _int8("int8-tail", ("tail",)),
+    # qd8 takes no Conv1d (_quantizer); the transformer's input and output projections stay float32: with them
+    # every linear measured 23.1-25.1 dB eager on tiny, without them 41-44 (docs/precision.md)
+    _int8("int8-dynamic", ("transformer-layers", "convnext"), dynamic=True),
 )}
 FP32 = "fp32"
 
@@ -283,5 +305,5 @@ def own_references(decoder: Code2Wav, name: str, specs) -> dict:
         module = make_variant(prepared, s.variant, s.max_chunk, s.context)
         example = parity_inputs(module, 1, 0)[0] + module.initial_state()
         graph = export_variant(module, example).module(check_guards=False)
-        out[m] = OwnModule(quantize(graph, module, p.parts), module.initial_state)
+        out[m] = OwnModule(quantize(graph, module, p.parts, dynamic=p.dynamic), module.initial_state)
     return out

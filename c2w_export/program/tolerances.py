@@ -44,7 +44,7 @@ STRESS_GATE = Tolerance(
 INT8_QUALITY = Tolerance(
     0.5, 25.0,
     "the product floor (ExecuTorch's Mimi int8 example gates at SQNR 25 dB), not a measurement. Measured on tiny: "
-    "int8-tail 27.1-29.5 dB lowered; int8 8.1-15.7, int8-convs 8.6-16.1, int8-linears 8.1-23.3 dB (refused)",
+    "int8-tail 27.1-29.5 dB, int8-dynamic 44.0-45.7 dB lowered; int8 8.1-15.7, int8-convs 8.6-16.1, int8-linears 8.1-23.3 dB (refused)",
 )
 INT8_EXPORT = Tolerance(1e-5, 95.0, "the re-exported quantized graph vs the converted module: the same PyTorch "
                                     "q/dq ops run both, measured 0 on tiny for every int8 precision")
@@ -149,6 +149,15 @@ TOLERANCES: dict[tuple[str, str], Tolerance | dict[str, Tolerance]] = {
     ("torch_export", "int8-linears"): INT8_EXPORT,
     ("quality", "int8-tail"): INT8_QUALITY,
     ("torch_export", "int8-tail"): INT8_EXPORT,
+    ("quality", "int8-dynamic"): INT8_QUALITY,
+    ("torch_export", "int8-dynamic"): INT8_EXPORT,
+    ("executorch_xnnpack", "int8-dynamic"): Tolerance(
+        0.05, 32.0,
+        "XNNPACK's qd8 linears vs the converted PT2E reference: measured 43.3-44.5 dB / 7.1e-3-1.07e-2 on tiny "
+        "(Intel Xeon, 2026-12-08), windows at chunks 1..25 and 156-frame streams, both variants. XNNPACK quantizes "
+        "each linear's input per row (ExecuTorch serializes the quantizer's per-tensor dynamic spec as "
+        "PerTokenDynamicQuant), the reference per tensor, so they round differently",
+    ),
     ("executorch_xnnpack", "int8-tail"): Tolerance(
         0.05, 35.0,
         "XNNPACK int8 kernels vs the converted PT2E reference (q/dq around fp32 math): measured 44.5-50.0 dB / "
@@ -187,9 +196,12 @@ TOLERANCES: dict[tuple[str, str], Tolerance | dict[str, Tolerance]] = {
 # reference: up to 0.082 at magnitude ~11 on tiny (the wav: 9.7e-3), over the bundle's two chained
 # vectors (chunks 25 and 1; static chunks 1 and 2 kept them within 1.7e-5). Past the atol that needs
 # rtol 2.6e-2; 0.07 gives 2.7x margin.
+# int8-dynamic (atol 0.05, its XNNPACK gate): XNNPACK quantizes each linear's input per row, the own reference per
+# tensor (its side-1 entry); the bundled API's check of the first vector (chunk 25 from the initial state) fails
+# at rtol 0.01 and passes at 0.02 (tiny, Intel Xeon). 0.05 gives 2.5x.
 BUNDLE_STATE_RTOL: dict[str, float | dict[str, float]] = {  # precision key -> rtol, or {fp16 arithmetic: rtol}
     "float32": 1e-4, "float16": {"fp32-accumulate": 0.02, "native-fp16": 1.0},
-    "float16-mixed": {"fp32-accumulate": 0.02, "native-fp16": 1.0}, "int8-tail": 0.07}
+    "float16-mixed": {"fp32-accumulate": 0.02, "native-fp16": 1.0}, "int8-tail": 0.07, "int8-dynamic": 0.05}
 
 
 def bundle_state_rtol(key: str, arithmetic: str | None = None) -> float | None:
