@@ -37,6 +37,19 @@ FP16_ARITHMETICS = {
 NATIVE_FP16_FLAGS = ({"avx512_fp16"}, {"fphp", "asimdhp"})
 
 
+# The CPU's int8 dot-product instructions that XNNPACK has qs8/qd8 GEMM kernels for (src/configs/gemm-config.c),
+# fastest first: /proc/cpuinfo flag -> name. Which one XNNPACK picks it does not report; this says what the CPU has.
+INT8_INSTRUCTIONS = {"amx_int8": "AMX-INT8", "avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI",
+                     "i8mm": "I8MM", "asimddp": "SDOT"}
+
+
+def int8_instructions(flags: set[str] | None = None) -> str:
+    """The INT8_INSTRUCTIONS names this CPU has (default: this machine's), fastest first, or 'plain'
+    (int8 multiplies without a dot-product instruction)."""
+    flags = cpu_flags() if flags is None else flags
+    return ", ".join(name for flag, name in INT8_INSTRUCTIONS.items() if flag in flags) or "plain"
+
+
 def cpu_flags(cpuinfo: str | None = None) -> set[str]:
     """The CPU's feature flags from /proc/cpuinfo text (default: this machine's; empty when unreadable)."""
     if cpuinfo is None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from c2w_export.env import FP16_ARITHMETICS, cpu_flags, fp16_arithmetic
+from c2w_export.env import FP16_ARITHMETICS, cpu_flags, fp16_arithmetic, int8_instructions
 from c2w_export.program.compare import compare
 from c2w_export.program.native_fp16 import NativeFp16, accumulate, bmm, conv1d, linear
 from helpers import cases, codes
@@ -28,6 +28,21 @@ ARITHMETIC = [  # (id, /proc/cpuinfo text, platform.system(), platform.machine()
 def test_fp16_arithmetic_from_cpu_flags(cpuinfo, system, machine, expected):
     assert fp16_arithmetic(cpu_flags(cpuinfo), system, machine) == expected
     assert expected in FP16_ARITHMETICS
+
+
+INT8 = [  # (id, /proc/cpuinfo text, what int8_instructions names)
+    ("amd-epyc-avx2", X86, "plain"),
+    ("xeon-amx", X86 + " avx_vnni avx512_vnni amx_int8 amx_tile", "AMX-INT8, AVX512-VNNI, AVX-VNNI"),
+    ("cortex-a76-dotprod", "Features\t: fp asimd fphp asimdhp asimddp cpuid", "SDOT"),
+    ("arm-i8mm", "Features\t: fp asimd asimddp i8mm cpuid", "I8MM, SDOT"),
+    ("no-cpuinfo", "", "plain"),
+]
+
+
+@pytest.mark.parametrize("cpuinfo,expected", cases(INT8))
+def test_int8_instructions_from_cpu_flags(cpuinfo, expected):
+    """What the frontier and the bench report beside the fp16 arithmetic: the CPU's int8 dot products."""
+    assert int8_instructions(cpu_flags(cpuinfo)) == expected
 
 
 def test_this_machine_names_its_arithmetic():

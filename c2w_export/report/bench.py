@@ -9,7 +9,7 @@ import math
 import platform
 from pathlib import Path
 
-from ..env import cpu_name, versions
+from ..env import cpu_name, fp16_arithmetic, int8_instructions, versions
 
 
 def _fmt(x, spec=".3g"):
@@ -84,7 +84,8 @@ def build_report(raw: dict, extra: dict, out: Path) -> None:
     hop_s = 1920 / 24000
     lines = [f"# Benchmarks ({extra.get('config')} config)", "",
              f"Machine: {machine.get('cpu', {}).get('brand_raw', cpu_name())}, "
-             f"{machine.get('cpu', {}).get('count', '?')} cores, {platform.system()} {platform.release()}. "
+             f"{machine.get('cpu', {}).get('count', '?')} cores, {platform.system()} {platform.release()} (fp16 "
+             f"arithmetic: {fp16_arithmetic()}; int8 dot-product instructions: {int8_instructions()}). "
              f"torch {v['torch']}, executorch {v['executorch']}, c2w_export {v['c2w_export']}, Python {v['python']}. "
              f"Ramp {extra.get('ramp')}, context {extra.get('context')}.", "",
              "Absolute times drift on a shared 2-core machine; compare the ratios within this run.", ""]

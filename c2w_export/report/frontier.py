@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..env import cpu_name, versions
+from ..env import cpu_name, fp16_arithmetic, int8_instructions, versions
 from ..fileio import atomic_write_bytes
 from ..model.checkpoint import load_decoder
 from ..model.decoder import Code2Wav
@@ -84,7 +84,8 @@ def table(rows: Sequence[dict], config: str, frames: int) -> str:
     fp32 = next((r["bytes"] for r in rows if r["precision"] == "fp32" and "bytes" in r), None)
     v = versions()
     lines = [f"# Size/quality frontier ({config} config, seeded synthetic weights)", "",
-             f"Machine: {cpu_name()}, {torch.get_num_threads()} torch thread(s). torch {v['torch']}, executorch "
+             f"Machine: {cpu_name()} (fp16 arithmetic: {fp16_arithmetic()}; int8 dot-product instructions: "
+             f"{int8_instructions()}), {torch.get_num_threads()} torch thread(s). torch {v['torch']}, executorch "
              f"{v['executorch']}, c2w_export {v['c2w_export']}. Compare the rows with each other, not with other runs.", "",
              f"One stateful XNNPACK program per precision (chunks {rows[0]['chunks']}), built through the gated "
              f"pipeline; a {frames}-frame stream with the ramp {rows[0]['chunks']} (after one warm-up call). "
