@@ -86,8 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--windows", type=_count(1, MAX_WINDOWS), default=3, help="code windows checked per program")
     e.add_argument("--precision", choices=sorted(PRECISIONS), default=FP32,
                    help="fp16: float16 weights and activations; fp16-mixed: float16 with the convs and a few "
-                        "more parts float32 (what a phone's fp16 arithmetic needs); int8-dynamic: every linear dynamically "
-                        "quantized (XNNPACK qd8), the convs float32; other int8*: static int8 of the named parts "
+                        "more parts float32 (what a phone's fp16 arithmetic needs); int8-dynamic: the transformer layers' and "
+                        "ConvNeXt linears dynamically quantized (XNNPACK qd8), the convs float32; other int8*: static int8 of the named parts "
                         "(program/precision.py). I/O and state stay float32. Each is gated against its own eager "
                         "reference at that precision and against the fp32 decoder at the precision's quality floor")
 

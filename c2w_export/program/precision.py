@@ -205,7 +205,7 @@ class Precision:
     after: str = ""  # the flow stage it follows
     what: str = ""  # what is reduced, for the manifest and reports
     parts: tuple[str, ...] = ()  # int8: QUANT_PARTS quantized
-    dynamic: bool = False  # int8: activations quantized per call (qd8), not calibrated
+    dynamic: bool = False  # int8: activations quantized per call (qd8); the calibration calls set only the weights' observers
     half: bool = False  # computes in float16: its XNNPACK side 1 depends on the CPU's fp16 arithmetic, and its
     # quality is also judged with native fp16 arithmetic (native_fp16.py, pipeline.NATIVE)
     fp32: tuple[str, ...] = ()  # half: module paths of the prepared decoder kept float32 (to_half)
